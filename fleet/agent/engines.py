@@ -1,0 +1,386 @@
+"""Engine processes on this machine: start from a profile's template, watch readiness and
+exit, read load, stop (SIGTERM to the group, SIGKILL after a grace), adopt after a restart.
+
+Each engine runs in its own session (process group), logs to its own file (never a pipe to
+the agent, which would break when the agent re-executes) and is recorded in a state file
+(pid, process start time, port, served name) so a restarted agent can adopt it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from fleet.agent.metrics import read_load
+from fleet.agent.weights import WeightsError, fetch_weights
+from fleet.protocol import AssignedReplica, ReplicaReport
+from fleet.states import ReplicaState
+
+log = logging.getLogger(__name__)
+S = ReplicaState
+
+
+@dataclass
+class AgentConfig:
+    """Where the agent keeps things and how it runs engines (durations in seconds)."""
+
+    state_dir: Path
+    bind_host: str = "127.0.0.1"
+    port_min: int = 20000
+    port_max: int = 20999
+    stop_grace_s: float = 10.0
+    readiness_poll_s: float = 0.25
+    load_poll_s: float = 5.0
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "weights"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "engines.json"
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if gone.
+    With the pid it identifies a process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data.rsplit(")", 1)[1].split()[19]
+
+
+def reap_children() -> None:
+    """Collect exited children so their pids are not mistaken for live engines."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def render_command(template: str, values: dict[str, object]) -> list[str]:
+    """Split a command template like a shell would and fill each word's placeholders."""
+    return [word.format(**values) for word in shlex.split(template)]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Engine:
+    """One replica's engine on this machine."""
+
+    spec: AssignedReplica
+    state: ReplicaState = S.DOWNLOADING
+    pid: int | None = None
+    port: int | None = None
+    start_time: str | None = None
+    error: str = ""
+    running: int | None = None
+    waiting: int | None = None
+    proc: subprocess.Popen | None = None
+    task: asyncio.Task | None = None
+    log_path: Path | None = None
+    adopted: bool = False
+    stopping: bool = False
+
+    @property
+    def replica_id(self) -> int:
+        return self.spec["replica_id"]
+
+    def report(self) -> ReplicaReport:
+        return {
+            "replica_id": self.replica_id,
+            "state": self.state.value,
+            "pid": self.pid,
+            "port": self.port,
+            "error": self.error,
+            "running": self.running,
+            "waiting": self.waiting,
+        }
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        if self.pid is None:
+            return False
+        return process_start_time(self.pid) == self.start_time
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 8192))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class EngineManager:
+    """Keeps this machine's engines equal to the last desired set received."""
+
+    def __init__(self, config: AgentConfig, on_change: Callable[[], None]) -> None:
+        self.config = config
+        self.on_change = on_change
+        self.engines: dict[int, Engine] = {}
+        #: Reports of engines stopped since the last status, sent once then forgotten.
+        self.finished: dict[int, ReplicaReport] = {}
+        for directory in (config.state_dir, config.cache_dir, config.log_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(2.0, connect=1.0))
+
+    # -- reports ---------------------------------------------------------------------------
+    def reports(self) -> list[ReplicaReport]:
+        out = [e.report() for e in self.engines.values()]
+        out += [r for rid, r in self.finished.items() if rid not in self.engines]
+        return out
+
+    def sent(self) -> None:
+        self.finished.clear()
+
+    def _changed(self) -> None:
+        self.save_state()
+        self.on_change()
+
+    # -- state file (adoption) -------------------------------------------------------------
+    def save_state(self) -> None:
+        data = {
+            str(e.replica_id): {
+                "pid": e.pid, "start_time": e.start_time, "port": e.port,
+                "served_name": e.spec["served_name"], "spec": e.spec,
+                "log_path": str(e.log_path) if e.log_path else None,
+            }
+            for e in self.engines.values()
+            if e.pid is not None and not e.stopping
+        }
+        tmp = self.config.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.config.state_file)
+
+    async def adopt(self) -> int:
+        """Take over engines a previous agent process started and left running: pid alive
+        with the recorded start time, and its readiness path answers. Returns how many."""
+        reap_children()
+        try:
+            data = json.loads(self.config.state_file.read_text())
+        except (OSError, ValueError):
+            return 0
+        adopted = 0
+        for key, item in data.items():
+            pid, start = item.get("pid"), item.get("start_time")
+            spec = item.get("spec")
+            if not pid or not spec or process_start_time(pid) != start:
+                continue
+            engine = Engine(spec=spec, state=S.STARTING, pid=pid, port=item.get("port"),
+                            start_time=start, adopted=True)
+            if item.get("log_path"):
+                engine.log_path = Path(item["log_path"])
+            if await self._ready(engine):
+                engine.state = S.READY
+                self.engines[engine.replica_id] = engine
+                engine.task = asyncio.create_task(self._watch(engine))
+                adopted += 1
+                log.info("adopted engine of replica %s (pid %s, port %s)", key, pid, engine.port)
+            else:
+                log.info("not adopting replica %s: pid %s does not answer readiness", key, pid)
+                self._kill_group(pid, signal.SIGKILL)
+        self.save_state()
+        return adopted
+
+    # -- desired set -----------------------------------------------------------------------
+    def apply(self, replicas: list[AssignedReplica]) -> None:
+        """Start what is newly assigned; stop what no longer is."""
+        wanted = {int(r["replica_id"]): r for r in replicas}
+        for rid, spec in wanted.items():
+            if rid not in self.engines:
+                engine = Engine(spec=spec)
+                self.engines[rid] = engine
+                engine.task = asyncio.create_task(self._run(engine))
+        for rid, engine in list(self.engines.items()):
+            if rid not in wanted and not engine.stopping:
+                engine.stopping = True
+                asyncio.create_task(self._stop(engine))
+        self._changed()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def _run(self, engine: Engine) -> None:
+        spec = engine.spec
+        try:
+            engine.state = S.DOWNLOADING
+            self._changed()
+            weights = await asyncio.to_thread(fetch_weights, spec["weights"], self.config.cache_dir)
+            engine.port = self._pick_port()
+            engine.log_path = self.config.log_dir / f"replica-{engine.replica_id}.log"
+            values = {
+                "python": sys.executable,
+                "weights_path": str(weights),
+                "host": self.config.bind_host,
+                "port": engine.port,
+                "served_name": spec["served_name"],
+                "gpus": ",".join(str(i) for i in spec["gpu_indices"]),
+                "tp_size": max(1, len(spec["gpu_indices"])),
+                "threads": max(1, int(spec.get("cpu_cores") or 1)),
+            }
+            argv = render_command(spec["command"], values)
+            env = dict(os.environ)
+            env.update(spec.get("env") or {})
+            env["CUDA_VISIBLE_DEVICES"] = values["gpus"]
+            log.info("starting replica %s: %s", engine.replica_id, " ".join(argv))
+            with open(engine.log_path, "ab") as log_file:
+                engine.proc = subprocess.Popen(
+                    argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True, cwd=str(self.config.state_dir),
+                )
+            engine.pid = engine.proc.pid
+            engine.start_time = process_start_time(engine.pid)
+            engine.state = S.STARTING
+            self._changed()
+            deadline = time.monotonic() + float(spec["startup_timeout_s"])
+            while not await self._ready(engine):
+                if not engine.alive():
+                    raise _EngineFailed(f"engine exited with code {engine.proc.returncode} while starting")
+                if time.monotonic() > deadline:
+                    raise _EngineFailed(f"not ready after {spec['startup_timeout_s']} s")
+                await asyncio.sleep(self.config.readiness_poll_s)
+            engine.state = S.READY
+            log.info("replica %s ready on port %s", engine.replica_id, engine.port)
+            self._changed()
+            await self._watch(engine)
+        except asyncio.CancelledError:
+            raise
+        except (WeightsError, _EngineFailed, OSError, ValueError, KeyError, IndexError) as exc:
+            await self._fail(engine, str(exc))
+
+    async def _watch(self, engine: Engine) -> None:
+        """While ready: notice the engine exiting; read its load every few seconds."""
+        next_load = 0.0
+        while not engine.stopping:
+            if not engine.alive():
+                code = engine.proc.returncode if engine.proc is not None else "?"
+                await self._fail(engine, f"engine exited with code {code}")
+                return
+            if engine.spec.get("metrics_path") and time.monotonic() >= next_load:
+                next_load = time.monotonic() + self.config.load_poll_s
+                running, waiting = await read_load(
+                    self._http, f"http://127.0.0.1:{engine.port}{engine.spec['metrics_path']}",
+                    engine.spec.get("metric_running", ""), engine.spec.get("metric_waiting", ""),
+                )
+                if (running, waiting) != (engine.running, engine.waiting):
+                    engine.running, engine.waiting = running, waiting
+                    self.on_change()
+            await asyncio.sleep(0.5)
+
+    async def _fail(self, engine: Engine, why: str) -> None:
+        tail = engine.log_tail()
+        engine.error = why + (f"\n--- last log lines ---\n{tail}" if tail else "")
+        log.warning("replica %s failed: %s", engine.replica_id, why)
+        if engine.pid is not None:
+            await self._terminate(engine)
+        engine.state = S.FAILED
+        self._changed()
+
+    async def _ready(self, engine: Engine) -> bool:
+        if engine.port is None:
+            return False
+        url = f"http://127.0.0.1:{engine.port}{engine.spec.get('readiness_path') or '/'}"
+        try:
+            response = await self._http.get(url)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _pick_port(self) -> int:
+        used = {e.port for e in self.engines.values() if e.port}
+        for port in range(self.config.port_min, self.config.port_max + 1):
+            if port not in used and _port_free(self.config.bind_host, port):
+                return port
+        raise _EngineFailed(f"no free port in {self.config.port_min}-{self.config.port_max}")
+
+    async def _stop(self, engine: Engine) -> None:
+        if engine.task is not None and engine.task is not asyncio.current_task():
+            engine.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await engine.task
+        await self._terminate(engine)
+        if engine.state != S.FAILED:
+            engine.state = S.STOPPED
+        self.finished[engine.replica_id] = engine.report() | {"state": S.STOPPED.value if engine.state != S.FAILED else S.FAILED.value}
+        self.engines.pop(engine.replica_id, None)
+        log.info("replica %s stopped", engine.replica_id)
+        self._changed()
+
+    async def _terminate(self, engine: Engine) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace."""
+        if engine.pid is None or not engine.alive():
+            self._reap(engine)
+            return
+        self._kill_group(engine.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_grace_s
+        while engine.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if engine.alive():
+            log.warning("replica %s ignored SIGTERM for %.0f s: killing", engine.replica_id, self.config.stop_grace_s)
+            self._kill_group(engine.pid, signal.SIGKILL)
+            while engine.alive():
+                await asyncio.sleep(0.05)
+        self._reap(engine)
+
+    @staticmethod
+    def _reap(engine: Engine) -> None:
+        if engine.proc is not None:
+            with contextlib.suppress(Exception):
+                engine.proc.wait(timeout=0)
+
+    @staticmethod
+    def _kill_group(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+    async def stop_all(self) -> None:
+        """Stop every engine (``llmgw up`` exiting)."""
+        for engine in list(self.engines.values()):
+            engine.stopping = True
+        await asyncio.gather(*(self._stop(e) for e in list(self.engines.values())), return_exceptions=True)
+
+    async def close(self) -> None:
+        for engine in self.engines.values():
+            if engine.task is not None:
+                engine.task.cancel()
+        await self._http.aclose()
+
+
+class _EngineFailed(RuntimeError):
+    pass

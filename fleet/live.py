@@ -1,0 +1,250 @@
+"""Per-web-process live state: the routing table, model status, agent pushes, usage.
+
+One watcher task per web process (started lazily: daphne has no ASGI lifespan) does, every
+``LLMGW_WATCH_INTERVAL`` (faster while requests are held for a cold start):
+
+* one query for ready replicas on connected agents → the routing table the gateway reads;
+* one for each model's pass outcome (unservable + reason, replicas coming up) and the
+  cluster's stopped flag;
+* one for the generations of the agents connected to this process → push ``assign`` to
+  those whose desired set moved (DESIGN, "Crossing processes");
+* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``.
+
+``fleet`` owns this; the gateway only reads it and calls :data:`usage`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A ready replica the gateway may send requests to."""
+
+    replica_id: int
+    model_id: int
+    url: str
+    agent_name: str
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    unservable: bool = False
+    reason: str = ""
+    coming_up: int = 0
+    wanted_at: datetime | None = None
+
+
+@dataclass
+class View:
+    """One refresh's picture. ``started_at`` is when the refresh began (monotonic)."""
+
+    routes: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
+    status: dict[int, ModelStatus] = field(default_factory=dict)
+    stopped: bool = False
+    cold_start_timeout_s: float = 300.0
+    started_at: float = 0.0
+    version: int = 0
+
+
+class Pushable(Protocol):
+    agent_id: int
+    sent_generation: int
+
+    async def push_assign(self, force: bool = False) -> None: ...
+
+
+class UsageRecorder:
+    """In-flight counts and last-use times per replica, for this process."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self.last_used: dict[int, datetime] = {}
+        self.dirty = False
+
+    def begin(self, replica_id: int) -> None:
+        self.in_flight[replica_id] += 1
+        self.last_used[replica_id] = timezone.now()
+        self.dirty = True
+
+    def end(self, replica_id: int) -> None:
+        self.in_flight[replica_id] = max(0, self.in_flight[replica_id] - 1)
+        self.last_used[replica_id] = timezone.now()
+        self.dirty = True
+
+    def take_report(self, known: set[int]) -> dict[int, tuple[int, datetime | None]]:
+        """Replica id → (in flight, last used or None). Every replica in the routing table
+        is reported (0 in flight is worth knowing); a replica still busy counts as used
+        now, so a long stream never looks idle."""
+        now = timezone.now()
+        report: dict[int, tuple[int, datetime | None]] = {}
+        for rid in known | set(self.in_flight) | set(self.last_used):
+            flight = self.in_flight.get(rid, 0)
+            used = now if flight else self.last_used.get(rid)
+            report[rid] = (flight, used)
+        self.last_used.clear()
+        for rid in [r for r, n in self.in_flight.items() if n == 0]:
+            del self.in_flight[rid]
+        self.dirty = False
+        return report
+
+
+class Watcher:
+    """The per-process loop described in the module docstring."""
+
+    def __init__(self) -> None:
+        self.view = View()
+        self.agents: dict[int, Pushable] = {}
+        self.holders = 0
+        self._changed: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._last_flush = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
+            return
+        self._changed = asyncio.Event()
+        self._task = loop.create_task(self._run(), name="llmgw-watcher")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.flush_usage(force=True)
+
+    # -- agents ----------------------------------------------------------------------------
+    def register_agent(self, consumer: Pushable) -> None:
+        self.agents[consumer.agent_id] = consumer
+
+    def unregister_agent(self, consumer: Pushable) -> None:
+        if self.agents.get(consumer.agent_id) is consumer:
+            del self.agents[consumer.agent_id]
+
+    # -- waiting ---------------------------------------------------------------------------
+    async def wait_for_refresh(self, timeout_s: float) -> bool:
+        """Wait until the next refresh lands (True) or ``timeout_s`` passes (False)."""
+        self.ensure_started()
+        assert self._changed is not None
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def refresh_now(self) -> View:
+        await self._refresh()
+        return self.view
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._refresh()
+                await self._push_agents()
+                await self.flush_usage()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("watcher refresh failed; retrying")
+                await asyncio.sleep(1.0)
+            interval = (
+                settings.LLMGW_WATCH_FAST_INTERVAL_S if self.holders else settings.LLMGW_WATCH_INTERVAL_S
+            )
+            await asyncio.sleep(interval)
+
+    async def _refresh(self) -> None:
+        started = time.monotonic()
+        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents))
+        view.started_at = started
+        view.version = self.view.version + 1
+        generations = view.__dict__.pop("_generations", {})
+        self.view = view
+        self._generations = generations
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _push_agents(self) -> None:
+        for agent_id, generation in getattr(self, "_generations", {}).items():
+            consumer = self.agents.get(agent_id)
+            if consumer is not None and consumer.sent_generation != generation:
+                try:
+                    await consumer.push_assign()
+                except Exception:
+                    log.warning("could not push assignments to agent %s", agent_id, exc_info=True)
+
+    async def flush_usage(self, force: bool = False) -> None:
+        now = time.monotonic()
+        due = now - self._last_flush >= settings.LLMGW_USAGE_FLUSH_INTERVAL_S
+        if not (force or due):
+            return
+        known = {e.replica_id for eps in self.view.routes.values() for e in eps}
+        report = usage.take_report(known)
+        self._last_flush = now
+        if report:
+            from fleet.usage import record_report
+
+            await sync_to_async(record_report, thread_sensitive=False)(PROCESS_ID, report)
+
+
+def _load_view(agent_ids: list[int]) -> View:
+    from django.db import close_old_connections
+
+    from catalog.models import ClusterSettings
+    from fleet.models import Agent, ModelState, Replica
+    from fleet.states import COMING_UP, ReplicaState
+
+    close_old_connections()
+    view = View()
+    routes: dict[int, list[Endpoint]] = defaultdict(list)
+    coming: dict[int, int] = defaultdict(int)
+    rows = Replica.objects.filter(
+        state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
+    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__connected")
+    for rid, model_id, state, port, address, agent_name, connected in rows:
+        if state == ReplicaState.READY.value:
+            if connected and port:
+                routes[model_id].append(Endpoint(rid, model_id, f"http://{address or '127.0.0.1'}:{port}", agent_name))
+        else:
+            coming[model_id] += 1
+    view.routes = {k: tuple(sorted(v, key=lambda e: e.replica_id)) for k, v in routes.items()}
+    for model_id, unservable, reason, wanted_at in ModelState.objects.values_list(
+        "model_id", "unservable", "reason", "wanted_at"
+    ):
+        view.status[model_id] = ModelStatus(unservable, reason, coming.pop(model_id, 0), wanted_at)
+    for model_id, n in coming.items():
+        view.status[model_id] = ModelStatus(coming_up=n)
+    row = ClusterSettings.objects.filter(pk=1).values_list("stopped", "cold_start_timeout_s").first()
+    if row is not None:
+        view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])
+    if agent_ids:
+        view._generations = dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "generation"))
+    return view
+
+
+usage = UsageRecorder()
+watcher = Watcher()

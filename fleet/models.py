@@ -1,0 +1,248 @@
+"""What runs: agents and their GPUs, replicas, each model's demand and the reconcile lock."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import models, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from catalog.models import Model, Profile
+from fleet import tokens
+from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, check_transition
+
+
+class Agent(models.Model):
+    """One machine's agent. Its token is stored as SHA-256; ``generation`` moves whenever
+    its desired replica set changes, which is what the web processes' watcher looks at."""
+
+    name = models.CharField(max_length=128, unique=True)
+    token_prefix = models.CharField(max_length=64, db_index=True, blank=True, default="")
+    token_sha256 = models.CharField(max_length=64, blank=True, default="")
+    connected = models.BooleanField(default=False)
+    connected_since = models.DateTimeField(null=True, blank=True)
+    #: Which websocket connection is current, so a late disconnect of an old one is ignored.
+    session = models.CharField(max_length=64, blank=True, default="")
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    version = models.CharField(max_length=64, blank=True, default="")
+    address = models.CharField(max_length=255, blank=True, default="")
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveIntegerField(default=0)
+    cordoned = models.BooleanField(default=False, help_text="Cordoned: nothing new is placed.")
+    generation = models.PositiveBigIntegerField(default=0, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_token(self, token: str) -> None:
+        self.token_prefix = tokens.token_prefix(token)
+        self.token_sha256 = tokens.token_hash(token)
+
+    @classmethod
+    def create_with_token(cls, name: str) -> tuple["Agent", str]:
+        """Create (or re-key) the agent ``name``; returns it and its new clear token, which
+        is shown once and never stored."""
+        token = tokens.new_token("agent")
+        agent, _ = cls.objects.get_or_create(name=name)
+        agent.set_token(token)
+        agent.save(update_fields=["token_prefix", "token_sha256"])
+        return agent, token
+
+    @classmethod
+    def authenticate(cls, token: str) -> "Agent | None":
+        """The agent holding ``token``, or None."""
+        if not token:
+            return None
+        for agent in cls.objects.filter(token_prefix=tokens.token_prefix(token)):
+            if agent.token_sha256 and tokens.token_matches(token, agent.token_sha256):
+                return agent
+        return None
+
+    @classmethod
+    def bump_generation(cls, agent_ids) -> None:
+        """Tell the watchers these agents' desired sets changed."""
+        ids = list(set(agent_ids))
+        if ids:
+            cls.objects.filter(id__in=ids).update(generation=F("generation") + 1)
+
+
+class Gpu(models.Model):
+    """One GPU as its agent last reported it (pynvml)."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=128, blank=True, default="")
+    name = models.CharField(max_length=128, blank=True, default="")
+    memory_total_mib = models.PositiveIntegerField(default=0)
+    memory_used_mib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["agent__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "index"], name="gpu_unique_per_agent")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent.name}:gpu{self.index}"
+
+
+class ReplicaQuerySet(models.QuerySet):
+    def assigned_to_agent(self) -> "ReplicaQuerySet":
+        return self.filter(state__in=[s.value for s in ASSIGNED_TO_AGENT])
+
+
+class Replica(models.Model):
+    """One engine process serving one model on one agent. State changes go through
+    :meth:`transition`, which asserts the state machine (``fleet.states``)."""
+
+    State = models.TextChoices("State", [(s.name, s.value) for s in ReplicaState])
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replicas")
+    profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="replicas")
+    gpu_indices = models.JSONField(default=list, blank=True)
+    cpu_cores = models.FloatField(default=0)
+    memory_mib = models.PositiveIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=ReplicaState.PLACING.value, db_index=True
+    )
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    reason = models.TextField(blank=True, default="", help_text="Why it was placed or stopped.")
+    error = models.TextField(blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    #: When the gateway last sent it a request; None = never told (not the same as idle).
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    #: Fresh in-flight total from the gateways' reports; None = unknown.
+    in_flight = models.PositiveIntegerField(null=True, blank=True)
+    #: Engine load from its metrics; None = unknown.
+    load_running = models.PositiveIntegerField(null=True, blank=True)
+    load_waiting = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ReplicaQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"r{self.pk} {self.model_id and self.model.name} on {self.agent_id and self.agent.name}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.agent.address or '127.0.0.1'}:{self.port}"
+
+    def transition(self, new: ReplicaState | str, **fields) -> bool:
+        """Move to ``new`` if still in the state this object was loaded with (a conditional
+        UPDATE, so two processes cannot both move it). Raises InvalidTransition for a move
+        the state machine forbids; returns False if another process moved it first."""
+        new = ReplicaState(new)
+        old = ReplicaState(self.state)
+        check_transition(old, new)
+        now = timezone.now()
+        values = dict(fields)
+        if new != old:
+            values["state"] = new.value
+            values["state_changed_at"] = now
+            if new == ReplicaState.READY:
+                values["ready_at"] = now
+        if not values:
+            return True
+        updated = Replica.objects.filter(pk=self.pk, state=old.value).update(**values)
+        if updated:
+            for key, value in values.items():
+                setattr(self, key, value)
+        return bool(updated)
+
+
+class ModelState(models.Model):
+    """The fleet's memory of one model between passes (DESIGN: "Scaling state lives in the
+    database"): when it was last wanted, the last placement result and scaling timers."""
+
+    model = models.OneToOneField(Model, on_delete=models.CASCADE, related_name="fleet_state")
+    wanted_at = models.DateTimeField(null=True, blank=True)
+    desired = models.PositiveIntegerField(default=0)
+    reason = models.TextField(blank=True, default="")
+    reason_at = models.DateTimeField(null=True, blank=True)
+    #: The last pass could not place what the model needs; ``reason`` says why.
+    unservable = models.BooleanField(default=False)
+    extra_replicas = models.PositiveIntegerField(default=0)
+    busy_since = models.DateTimeField(null=True, blank=True)
+    quiet_since = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"state of {self.model_id}"
+
+
+class PassLock(models.Model):
+    """One row (pk 1) that serialises reconcile passes cluster-wide.
+
+    Taken with a conditional UPDATE when free or expired (works on SQLite and PostgreSQL
+    alike; DESIGN, Decisions: "Leader"). ``requested`` counts pass requests: the holder
+    releases only if no request arrived during its pass, otherwise it runs again, so a
+    request is never lost to a skipped pass.
+    """
+
+    holder = models.CharField(max_length=255, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    requested = models.PositiveBigIntegerField(default=0)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    last_pass_holder = models.CharField(max_length=255, blank=True, default="")
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+
+    @classmethod
+    def ensure(cls) -> None:
+        cls.objects.get_or_create(pk=1)
+
+    @classmethod
+    def request_pass(cls) -> None:
+        cls.ensure()
+        cls.objects.filter(pk=1).update(requested=F("requested") + 1)
+
+    @classmethod
+    def try_acquire(cls, holder: str, now: datetime, ttl_s: float) -> int | None:
+        """Take the lock for ``holder``; returns the request counter seen, or None if
+        another holder has it."""
+        cls.ensure()
+        with transaction.atomic():
+            taken = (
+                cls.objects.filter(pk=1)
+                .filter(models.Q(holder="") | models.Q(expires_at__lt=now) | models.Q(holder=holder))
+                .update(holder=holder, expires_at=now + timedelta(seconds=ttl_s))
+            )
+            if not taken:
+                return None
+            return cls.objects.values_list("requested", flat=True).get(pk=1)
+
+    @classmethod
+    def release_if_unchanged(cls, holder: str, seen: int, now: datetime) -> bool:
+        """Release unless a pass was requested since ``seen``; True when released."""
+        released = cls.objects.filter(pk=1, holder=holder, requested=seen).update(
+            holder="", expires_at=None, last_pass_at=now, last_pass_holder=holder
+        )
+        return bool(released)
+
+
+class UsageReport(models.Model):
+    """One web process's latest word on one replica: requests in flight and last use.
+
+    The reconciler sums fresh reports; a replica without a fresh report has an *unknown*
+    in-flight count, never 0 (DESIGN, Decisions: "In flight, drain and idleness").
+    """
+
+    process = models.CharField(max_length=255)
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="usage_reports")
+    in_flight = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["process", "replica"], name="usage_one_per_process")
+        ]

@@ -1,0 +1,216 @@
+"""The reconciler's shell: load a snapshot, take the pass lock, ``plan()``, apply, record.
+
+Only this module (and the report ingestion in ``fleet.reports``) writes replica states on
+the control plane's side. Passes are serialised cluster-wide by ``PassLock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Sum
+from django.utils import timezone
+
+from catalog.models import ClusterSettings, Model
+from fleet import planner
+from fleet.models import Agent, Gpu, ModelState, PassLock, Replica, UsageReport
+from fleet.states import HOLDS_RESOURCES, ReplicaState
+
+log = logging.getLogger(__name__)
+
+HOLDER = f"{socket.gethostname()}:{os.getpid()}"
+MAX_PASSES_PER_RUN = 20
+
+
+def _policy(cluster: ClusterSettings) -> planner.Policy:
+    return planner.Policy(
+        stopped=cluster.stopped,
+        default_idle_timeout_s=float(cluster.default_idle_timeout_s),
+        min_idle_before_eviction_s=float(cluster.min_idle_before_eviction_s),
+        drain_grace_s=settings.LLMGW_DRAIN_GRACE_S,
+        agent_lost_after_s=settings.LLMGW_AGENT_LOST_AFTER_S,
+        backoff_base_s=settings.LLMGW_BACKOFF_BASE_S,
+        backoff_cap_s=settings.LLMGW_BACKOFF_CAP_S,
+    )
+
+
+def fresh_in_flight(now: datetime) -> dict[int, int]:
+    """Replica id → in-flight requests summed over the web processes' fresh reports.
+    Replicas without a fresh report are absent: their count is unknown."""
+    since = now - timedelta(seconds=settings.LLMGW_USAGE_REPORT_FRESH_S)
+    rows = (
+        UsageReport.objects.filter(reported_at__gte=since)
+        .values("replica_id")
+        .annotate(total=Sum("in_flight"))
+    )
+    return {row["replica_id"]: row["total"] for row in rows}
+
+
+def load_snapshot(now: datetime) -> planner.Snapshot:
+    """Read everything one pass needs in a handful of queries."""
+    cluster = ClusterSettings.get_solo()
+    gpus = defaultdict(list)
+    for gpu in Gpu.objects.all():
+        gpus[gpu.agent_id].append(planner.GpuView(gpu.index, gpu.memory_total_mib))
+    agents = tuple(
+        planner.AgentView(
+            id=a.id, name=a.name, connected=a.connected, cordoned=a.cordoned,
+            last_seen_at=a.last_seen_at, gpus=tuple(gpus[a.id]),
+            cpu_cores=float(a.cpu_cores), memory_mib=a.memory_mib,
+        )
+        for a in Agent.objects.all()
+    )
+    states = {s.model_id: s for s in ModelState.objects.all()}
+    last_ready = dict(
+        Replica.objects.values("model_id").annotate(t=Max("ready_at")).values_list("model_id", "t")
+    )
+    failures: dict[int, list[Replica]] = defaultdict(list)
+    horizon = now - timedelta(hours=1)
+    for r in Replica.objects.filter(state=ReplicaState.FAILED.value, state_changed_at__gte=horizon).order_by("state_changed_at"):
+        ready = last_ready.get(r.model_id)
+        if ready is None or r.state_changed_at > ready:
+            failures[r.model_id].append(r)
+    models = []
+    for m in Model.objects.select_related("profile"):
+        p = m.profile
+        profile = None
+        if p is not None:
+            profile = planner.ProfileView(p.id, p.gpus_needed, p.gpu_memory_mib, p.cpu_cores, p.memory_mib)
+        state = states.get(m.id)
+        fails = failures.get(m.id, [])
+        models.append(
+            planner.ModelView(
+                id=m.id, name=m.name, profile=profile, min_replicas=m.min_replicas,
+                max_replicas=m.max_replicas, on_demand=m.on_demand,
+                idle_timeout_s=float(m.idle_timeout_s) if m.idle_timeout_s else None,
+                external=m.is_external, wanted_at=state.wanted_at if state else None,
+                extra_replicas=state.extra_replicas if state else 0,
+                failures=tuple(f.state_changed_at for f in fails[-10:]),
+                last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
+            )
+        )
+    in_flight = fresh_in_flight(now)
+    live_states = [s.value for s in HOLDS_RESOURCES]
+    replicas = tuple(
+        planner.ReplicaView(
+            id=r.id, model_id=r.model_id, agent_id=r.agent_id, state=ReplicaState(r.state),
+            gpu_indices=tuple(r.gpu_indices or ()), cpu_cores=r.cpu_cores, memory_mib=r.memory_mib,
+            state_changed_at=r.state_changed_at, last_used_at=r.last_used_at,
+            in_flight=in_flight.get(r.id),
+        )
+        for r in Replica.objects.filter(state__in=live_states)
+    )
+    return planner.Snapshot(_policy(cluster), agents, tuple(models), replicas)
+
+
+def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
+    """Write a plan's actions and outcomes; returns the agents whose desired set moved."""
+    touched: set[int] = set()
+    models = {m.id: m for m in Model.objects.select_related("profile").filter(
+        id__in=[p.model_id for p in result.places]
+    )}
+    for action in result.actions:
+        if isinstance(action, planner.Place):
+            model = models[action.model_id]
+            Replica.objects.create(
+                model=model, profile=model.profile, agent_id=action.agent_id,
+                gpu_indices=list(action.gpu_indices), cpu_cores=action.cpu_cores,
+                memory_mib=action.memory_mib, state=ReplicaState.PLACING.value,
+                reason=action.reason,
+            )
+            touched.add(action.agent_id)
+            log.info("placing %s: %s", model.name, action.reason)
+        else:
+            replica = Replica.objects.filter(pk=action.replica_id).first()
+            if replica is None:
+                continue
+            if replica.transition(action.to, reason=action.reason):
+                touched.add(replica.agent_id)
+                log.info("replica %s → %s: %s", replica.pk, action.to, action.reason)
+    for model_id, outcome in result.models.items():
+        fields = {
+            "desired": outcome.desired,
+            "reason": outcome.reason,
+            "unservable": outcome.unservable,
+        }
+        state, _ = ModelState.objects.get_or_create(model_id=model_id)
+        changed = [k for k, v in fields.items() if getattr(state, k) != v]
+        for k in changed:
+            setattr(state, k, fields[k])
+        if outcome.forget_demand and state.wanted_at is not None:
+            state.wanted_at = None
+            changed.append("wanted_at")
+        if changed:
+            state.reason_at = now
+            state.save(update_fields=changed + ["reason_at"])
+    for note in result.notes:
+        log.warning("%s", note)
+    Agent.bump_generation(touched)
+    return touched
+
+
+def run_pass(now: datetime | None = None) -> planner.Plan:
+    """One pass, assuming the caller holds the pass lock."""
+    now = now or timezone.now()
+    snapshot = load_snapshot(now)
+    result = planner.plan(snapshot, now)
+    with transaction.atomic():
+        touched = apply_plan(result, now)
+    if touched:
+        transaction.on_commit(lambda: nudge_agents(touched))
+    return result
+
+
+def nudge_agents(agent_ids) -> None:
+    """With a shared channel layer (Redis), deliver the new desired sets at once; without
+    one the web processes' watchers notice the generation move within a tick."""
+    if not settings.REDIS_URL:
+        return
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from fleet.consumers import agent_group
+
+    layer = get_channel_layer()
+    for agent_id in agent_ids:
+        try:
+            async_to_sync(layer.group_send)(agent_group(agent_id), {"type": "agent.assign"})
+        except Exception:  # the watcher delivers anyway
+            log.warning("could not nudge agent %s over the channel layer", agent_id, exc_info=True)
+
+
+def reconcile(holder: str = HOLDER) -> int:
+    """Run passes while holding the lock, until no pass was requested during the last one.
+    Returns how many passes ran (0 when another holder has the lock: it will see our
+    request and run again)."""
+    passes = 0
+    while passes < MAX_PASSES_PER_RUN:
+        now = timezone.now()
+        seen = PassLock.try_acquire(holder, now, settings.LLMGW_PASS_LOCK_TTL_S)
+        if seen is None:
+            return passes
+        try:
+            run_pass(now)
+        except Exception:
+            log.exception("reconcile pass failed")
+            PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)
+            raise
+        passes += 1
+        if PassLock.release_if_unchanged(holder, seen, timezone.now()):
+            return passes
+    PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)
+    return passes
+
+
+def request_pass() -> None:
+    """Ask for a pass as soon as possible (after the current transaction commits)."""
+    from django_q.tasks import async_task
+
+    PassLock.request_pass()
+    transaction.on_commit(lambda: async_task("fleet.tasks.reconcile_now", q_options={"ack_failure": True}))

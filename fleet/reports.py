@@ -1,0 +1,197 @@
+"""What agents tell the control plane, written to the database; and what they are told
+(their desired set). Called by the websocket consumer through ``database_sync_to_async``."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.db import transaction
+from django.utils import timezone
+
+from fleet import protocol
+from fleet.models import Agent, Gpu, Replica
+from fleet.reconciler import request_pass
+from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, can_transition
+
+log = logging.getLogger(__name__)
+S = ReplicaState
+
+
+def authenticate(token: str) -> Agent | None:
+    return Agent.authenticate(token)
+
+
+def mark_connected(agent_id: int) -> str:
+    """Record a new websocket session; returns its id (see :func:`mark_disconnected`)."""
+    session = uuid.uuid4().hex
+    now = timezone.now()
+    Agent.objects.filter(pk=agent_id).update(
+        connected=True, connected_since=now, last_seen_at=now, session=session
+    )
+    return session
+
+
+def mark_disconnected(agent_id: int, session: str) -> None:
+    """Mark the agent disconnected unless a newer session has already replaced this one."""
+    Agent.objects.filter(pk=agent_id, session=session).update(connected=False)
+    request_pass()
+
+
+def touch(agent_id: int) -> None:
+    """A message arrived: the agent is alive (stamped on arrival, not by the agent)."""
+    Agent.objects.filter(pk=agent_id).update(last_seen_at=timezone.now())
+
+
+def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:
+    """Store the agent's GPUs, cores and RAM; True if its capacity changed."""
+    changed = False
+    cores, memory = int(inventory.get("cpu_cores") or 0), int(inventory.get("memory_mib") or 0)
+    if (agent.cpu_cores, agent.memory_mib) != (cores, memory):
+        agent.cpu_cores, agent.memory_mib = cores, memory
+        agent.save(update_fields=["cpu_cores", "memory_mib"])
+        changed = True
+    seen = set()
+    for gpu in inventory.get("gpus") or []:
+        seen.add(int(gpu["index"]))
+        obj, created = Gpu.objects.update_or_create(
+            agent=agent, index=int(gpu["index"]),
+            defaults={
+                "uuid": str(gpu.get("uuid", ""))[:128],
+                "name": str(gpu.get("name", ""))[:128],
+                "memory_total_mib": int(gpu.get("memory_total_mib") or 0),
+                "memory_used_mib": int(gpu.get("memory_used_mib") or 0),
+            },
+        )
+        changed = changed or created
+    removed, _ = Gpu.objects.filter(agent=agent).exclude(index__in=seen).delete()
+    return changed or bool(removed)
+
+
+def record_hello(agent_id: int, message: protocol.Hello) -> None:
+    """First message of a session: who the agent is, what it has, what it already runs."""
+    agent = Agent.objects.get(pk=agent_id)
+    agent.version = str(message.get("version", ""))[:64]
+    agent.address = str(message.get("address", ""))[:255]
+    agent.last_seen_at = timezone.now()
+    agent.save(update_fields=["version", "address", "last_seen_at"])
+    record_inventory(agent, message.get("inventory") or {})
+    reported = message.get("replicas") or []
+    record_replicas(agent_id, reported)
+    forget_unreported(agent_id, reported)
+    request_pass()
+
+
+def forget_unreported(agent_id: int, reported: list[protocol.ReplicaReport]) -> int:
+    """A hello lists every engine the agent runs (adopted ones included). Replicas it was
+    running before and does not mention are gone: stopped, so the next pass replaces them
+    instead of routing to a dead port. Returns how many."""
+    ids = set()
+    for report in reported:
+        try:
+            ids.add(int(report["replica_id"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    gone = 0
+    running = [S.DOWNLOADING.value, S.STARTING.value, S.READY.value, S.DRAINING.value, S.LOST.value]
+    for replica in Replica.objects.filter(agent_id=agent_id, state__in=running).exclude(pk__in=ids):
+        if replica.transition(S.STOPPED, reason="its agent reconnected without this engine running"):
+            gone += 1
+    return gone
+
+
+def record_status(agent_id: int, message: protocol.Status) -> None:
+    agent = Agent.objects.get(pk=agent_id)
+    if message.get("inventory") and record_inventory(agent, message["inventory"]):
+        request_pass()
+    if record_replicas(agent_id, message.get("replicas") or []):
+        request_pass()
+
+
+def _target_state(current: ReplicaState, reported: str) -> ReplicaState | None:
+    """The state a report moves a replica to, or None to leave it."""
+    try:
+        rep = ReplicaState(reported)
+    except ValueError:
+        return None
+    if current in (S.STOPPED, S.FAILED):
+        return None
+    if rep == S.STOPPED:
+        if current in (S.STOPPING, S.DRAINING, S.LOST):
+            return S.STOPPED
+        return S.FAILED  # it was meant to run: the engine went away
+    if rep == S.FAILED:
+        return S.FAILED
+    if current in (S.DRAINING, S.STOPPING):
+        return None  # on its way out; the engine's own progress does not matter
+    if rep in (S.DOWNLOADING, S.STARTING, S.READY) and can_transition(current, rep):
+        return rep
+    return None
+
+
+def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> bool:
+    """Apply per-replica reports; True when a change needs a reconcile pass (a replica
+    failed or stopped, freeing resources or needing a successor)."""
+    needs_pass = False
+    by_id = {}
+    for report in reports:
+        try:
+            by_id[int(report["replica_id"])] = report
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not by_id:
+        return False
+    with transaction.atomic():
+        for replica in Replica.objects.filter(pk__in=by_id, agent_id=agent_id):
+            report = by_id[replica.pk]
+            fields = {}
+            for name in ("pid", "port"):
+                value = report.get(name)
+                if value is not None and getattr(replica, name) != value:
+                    fields[name] = int(value)
+            for src, dst in (("running", "load_running"), ("waiting", "load_waiting")):
+                if src in report and getattr(replica, dst) != report[src]:
+                    fields[dst] = report[src]
+            error = str(report.get("error") or "")[-4000:]
+            target = _target_state(ReplicaState(replica.state), str(report.get("state", "")))
+            if target == S.FAILED and error:
+                fields["error"] = error
+            elif target == S.FAILED and not error:
+                fields["error"] = "engine stopped unexpectedly"
+            if target is not None and target != replica.state:
+                if replica.transition(target, **fields):
+                    log.info("replica %s is %s (agent report)", replica.pk, target)
+                    needs_pass = needs_pass or target in (S.FAILED, S.STOPPED)
+            elif fields:
+                Replica.objects.filter(pk=replica.pk).update(**fields)
+    return needs_pass
+
+
+def desired_set(agent_id: int) -> protocol.Assign:
+    """The full set of replicas ``agent_id`` must run, with the generation it reflects."""
+    generation = Agent.objects.values_list("generation", flat=True).get(pk=agent_id)
+    replicas: list[protocol.AssignedReplica] = []
+    qs = (
+        Replica.objects.filter(agent_id=agent_id, state__in=[s.value for s in ASSIGNED_TO_AGENT])
+        .select_related("model", "profile")
+        .order_by("id")
+    )
+    for r in qs:
+        p = r.profile
+        replicas.append(
+            {
+                "replica_id": r.pk,
+                "served_name": r.model.name,
+                "weights": r.model.weights,
+                "command": p.command,
+                "env": dict(p.env or {}),
+                "gpu_indices": list(r.gpu_indices or []),
+                "cpu_cores": r.cpu_cores or p.cpu_cores,
+                "readiness_path": p.readiness_path,
+                "startup_timeout_s": p.startup_timeout_s,
+                "metrics_path": p.metrics_path,
+                "metric_running": p.metric_running,
+                "metric_waiting": p.metric_waiting,
+            }
+        )
+    return {"type": "assign", "v": protocol.PROTOCOL_VERSION, "generation": generation, "replicas": replicas}

@@ -1,0 +1,71 @@
+"""django-q2 tasks: the self-re-enqueuing reconcile tick, immediate passes and the
+one-minute watchdog that restarts the tick chain (DESIGN, Decisions: "Reconcile cadence")."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet.models import PassLock
+from fleet.reconciler import reconcile
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_NAME = "llmgw reconcile watchdog"
+
+
+def reconcile_now() -> int:
+    """An immediate pass (somebody is waiting). Returns the passes run."""
+    return reconcile()
+
+
+def tick() -> None:
+    """A pass, then re-enqueue after the interval. A second chain (the watchdog restarted
+    one that was only slow) notices the fresh ``last_tick_at`` and ends itself."""
+    from django.db.models import Q
+    from django_q.tasks import async_task
+
+    interval = settings.LLMGW_RECONCILE_INTERVAL_S
+    now = timezone.now()
+    PassLock.ensure()
+    mine = PassLock.objects.filter(pk=1).filter(
+        Q(last_tick_at__isnull=True) | Q(last_tick_at__lte=now - timedelta(seconds=interval * 0.5))
+    ).update(last_tick_at=now)
+    if not mine:
+        return
+    try:
+        reconcile()
+    finally:
+        time.sleep(interval)
+        async_task("fleet.tasks.tick")
+
+
+def watchdog() -> None:
+    """Start the tick chain if it has not ticked for three intervals."""
+    from django_q.tasks import async_task
+
+    PassLock.ensure()
+    last = PassLock.objects.values_list("last_tick_at", flat=True).get(pk=1)
+    late = timedelta(seconds=3 * settings.LLMGW_RECONCILE_INTERVAL_S + 5)
+    if last is None or timezone.now() - last > late:
+        log.info("reconcile tick chain not running: starting it")
+        async_task("fleet.tasks.tick")
+
+
+def register_schedules(**kwargs) -> None:
+    """Create or update the watchdog schedule (connected to post_migrate)."""
+    from django_q.models import Schedule
+
+    Schedule.objects.update_or_create(
+        name=WATCHDOG_NAME,
+        defaults={
+            "func": "fleet.tasks.watchdog",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": 1,
+            "repeats": -1,
+        },
+    )

@@ -1,0 +1,57 @@
+"""Usage reports from the web processes: last use (forwards only) and in-flight counts.
+
+The seed's rules, restated: a late or duplicate report never moves a time backwards; a
+replica missing from a report keeps its time; never told (None) is not idle; use keeps an
+on-demand model's demand alive, so its idle timeout counts from the last request.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.models import ModelState, Replica, UsageReport
+
+
+def record_report(process: str, report: dict[int, tuple[int, datetime | None]]) -> None:
+    """Store one web process's report: ``{replica_id: (in_flight, last_used_at or None)}``."""
+    now = timezone.now()
+    existing = set(Replica.objects.filter(pk__in=report).values_list("pk", flat=True))
+    latest_by_model: dict[int, datetime] = {}
+    model_of = dict(Replica.objects.filter(pk__in=existing).values_list("pk", "model_id"))
+    with transaction.atomic():
+        for replica_id, (in_flight, last_used) in report.items():
+            if replica_id not in existing:
+                continue
+            UsageReport.objects.update_or_create(
+                process=process, replica_id=replica_id,
+                defaults={"in_flight": in_flight, "reported_at": now,
+                          **({"last_used_at": last_used} if last_used else {})},
+            )
+            if last_used is not None:
+                record_last_use(replica_id, last_used)
+                model_id = model_of[replica_id]
+                if model_id not in latest_by_model or last_used > latest_by_model[model_id]:
+                    latest_by_model[model_id] = last_used
+        for model_id, used in latest_by_model.items():
+            keep_demand_alive(model_id, used)
+
+
+def record_last_use(replica_id: int, used_at: datetime) -> bool:
+    """Move a replica's last use forwards to ``used_at``; never backwards."""
+    return bool(
+        Replica.objects.filter(pk=replica_id)
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=used_at))
+        .update(last_used_at=used_at)
+    )
+
+
+def keep_demand_alive(model_id: int, used_at: datetime) -> bool:
+    """Use of a wanted model moves its ``wanted_at`` forwards (only if it is wanted)."""
+    return bool(
+        ModelState.objects.filter(model_id=model_id, wanted_at__isnull=False, wanted_at__lt=used_at)
+        .update(wanted_at=used_at)
+    )

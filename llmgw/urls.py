@@ -1,0 +1,15 @@
+"""URL map: admin, gateway (/v1/). The agents' websocket is routed in ``llmgw.asgi``."""
+
+from django.contrib import admin
+from django.http import HttpResponseRedirect
+from django.urls import include, path
+
+admin.site.site_header = "llmgw"
+admin.site.site_title = "llmgw"
+admin.site.index_title = "Cluster"
+
+urlpatterns = [
+    path("", lambda request: HttpResponseRedirect("/admin/")),
+    path("admin/", admin.site.urls),
+    path("", include("gateway.urls")),
+]

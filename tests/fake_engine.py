@@ -1,0 +1,369 @@
+"""Fake OpenAI-compatible LLM engine, run by tests as a real separate process.
+
+    python tests/fake_engine.py --port 8011 [--tokens 16] [--token-delay-ms 50] ...
+
+Standard library only (asyncio + a tiny hand-written HTTP/1.1 server with
+keep-alive), so it starts in a few tens of milliseconds.
+
+Endpoints: GET /v1/models, GET /health, GET /metrics (per --metrics-kind),
+POST /v1/chat/completions, POST /v1/completions (both with SSE streaming),
+POST /v1/embeddings.  Everything else is a 404 in OpenAI error shape.
+
+Output is --tokens tokens "tok0 tok1 ..." (or the characters of --text),
+capped by the request's max_tokens.  --capacity limits concurrent requests
+(the rest wait and show as "waiting" in /metrics), --fail-status makes every
+POST fail, --record appends JSON lines (request / completed / cancelled),
+--exit-after-s simulates a crash, and SIGTERM exits 0 at once.
+"""
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import signal
+import struct
+import sys
+import time
+import uuid
+
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+TOOL_ARGS = ['{"city', '": "', 'Par', 'is"}']  # joined: {"city": "Paris"}
+INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
+class ClientGone(Exception):
+    """The client closed the connection while we were streaming."""
+
+
+def dumps(obj):
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_body(message, type_, code):
+    return {"error": {"message": message, "type": type_, "code": code}}
+
+
+class Engine:
+    def __init__(self, args):
+        self.args = args
+        self.sem = asyncio.Semaphore(args.capacity) if args.capacity > 0 else None
+        self.running = 0
+        self.waiting = 0
+
+    # ---------------------------------------------------------------- helpers
+    def record(self, event, **fields):
+        if self.args.record:
+            with open(self.args.record, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"event": event, **fields}) + "\n")
+
+    def pieces(self, max_tokens):
+        """Return (list of output pieces, finish_reason)."""
+        a = self.args
+        pieces = list(a.text) if a.text is not None else [f"tok{i} " for i in range(a.tokens)]
+        if isinstance(max_tokens, int) and 0 <= max_tokens < len(pieces):
+            return pieces[:max_tokens], "length"
+        return pieces, "stop"
+
+    # ------------------------------------------------------------ connection
+    async def handle_conn(self, reader, writer):
+        try:
+            while True:
+                req = await read_request(reader, writer)
+                if req is None:
+                    break
+                method, path, headers, body = req
+                keep = headers.get("connection", "").lower() != "close"
+                keep = await self.dispatch(method, path, body, reader, writer, keep) and keep
+                if not keep:
+                    break
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError, ClientGone):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def dispatch(self, method, path, body, reader, writer, keep):
+        """Serve one request; returns False when the connection must close."""
+        path = path.split("?", 1)[0]
+        name = self.args.served_name
+        if method == "GET" and path == "/v1/models":
+            data = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake",
+                                                "created": int(time.time())}]}
+            return await send_json(writer, 200, data, keep)
+        if method == "GET" and path == "/health":
+            return await send_json(writer, 200, {"status": "ok"}, keep)
+        if method == "GET" and path == "/metrics" and self.args.metrics_kind != "none":
+            return await send(writer, 200, self.metrics_text().encode(),
+                              "text/plain; version=0.0.4; charset=utf-8", keep)
+        if method != "POST" or path not in INFERENCE_PATHS:
+            return await send_json(writer, 404, error_body(
+                f"Not found: {method} {path}", "not_found_error", 404), keep)
+        try:
+            req = json.loads(body or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("body must be a JSON object")
+        except ValueError as e:
+            return await send_json(writer, 400, error_body(
+                f"invalid JSON body: {e}", "invalid_request_error", 400), keep)
+        stream = bool(req.get("stream"))
+        self.record("request", path=path, model=req.get("model"), stream=stream)
+        if self.args.fail_status:
+            code = self.args.fail_status
+            return await send_json(writer, code, error_body("fake failure", "fake", code), keep)
+        self.waiting += 1
+        try:
+            if self.sem:
+                await self.sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            if path == "/v1/embeddings":
+                ok = await send_json(writer, 200, self.embeddings(req), keep)
+            elif stream:
+                ok = await self.stream(path, req, reader, writer)
+            else:
+                ok = await self.complete(path, req, writer, keep)
+            self.record("completed", path=path)
+            return ok
+        except (ConnectionError, OSError, ClientGone):
+            self.record("cancelled", path=path)
+            raise
+        finally:
+            self.running -= 1
+            if self.sem:
+                self.sem.release()
+
+    def metrics_text(self):
+        kind, name = self.args.metrics_kind, self.args.served_name
+        label = f'{{model_name="{name}"}}'
+        running, waiting = {
+            "vllm": ("vllm:num_requests_running" + label, "vllm:num_requests_waiting" + label),
+            "sglang": ("sglang:num_running_reqs" + label, "sglang:num_queue_reqs" + label),
+            "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+        }[kind]
+        out = []
+        for metric, value in ((running, self.running), (waiting, self.waiting)):
+            base = metric.split("{", 1)[0]
+            out += [f"# HELP {base} fake engine gauge", f"# TYPE {base} gauge", f"{metric} {value}"]
+        return "\n".join(out) + "\n"
+
+    # ------------------------------------------------------------- responses
+    def embeddings(self, req):
+        inputs = req.get("input", "")
+        if not isinstance(inputs, list) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        data = []
+        for i, item in enumerate(inputs):
+            digest = hashlib.sha256(json.dumps(item).encode()).digest()
+            vec = [round(b / 255.0 - 0.5, 6) for b in digest[:8]]
+            emb = (base64.b64encode(struct.pack("<8f", *vec)).decode()
+                   if req.get("encoding_format") == "base64" else vec)
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        n = sum(len(str(x).split()) for x in inputs)
+        return {"object": "list", "data": data, "model": req.get("model") or self.args.served_name,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    def base(self, path, req, chunk=False):
+        chat = path == "/v1/chat/completions"
+        obj = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
+        return {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "object": obj,
+                "created": int(time.time()), "model": req.get("model") or self.args.served_name}
+
+    @staticmethod
+    def prompt_tokens(path, req):
+        if path == "/v1/chat/completions":
+            text = " ".join(str(m.get("content") or "") for m in req.get("messages") or []
+                            if isinstance(m, dict))
+        else:
+            text = str(req.get("prompt") or "")
+        return max(1, len(text.split()))
+
+    def tool_mode(self, path):
+        return self.args.tool_call and path == "/v1/chat/completions"
+
+    async def complete(self, path, req, writer, keep):
+        pieces, finish = self.pieces(req.get("max_tokens"))
+        if self.args.token_delay_ms:
+            await asyncio.sleep(len(pieces) * self.args.token_delay_ms / 1000)
+        resp = self.base(path, req)
+        if self.tool_mode(path):
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "".join(TOOL_ARGS)}}
+            choice = {"index": 0, "message": {"role": "assistant", "content": None,
+                                              "tool_calls": [call]}, "finish_reason": "tool_calls"}
+            n_out = len(TOOL_ARGS)
+        elif path == "/v1/chat/completions":
+            choice = {"index": 0, "message": {"role": "assistant", "content": "".join(pieces)},
+                      "finish_reason": finish}
+            n_out = len(pieces)
+        else:
+            choice = {"index": 0, "text": "".join(pieces), "logprobs": None, "finish_reason": finish}
+            n_out = len(pieces)
+        p = self.prompt_tokens(path, req)
+        resp["choices"] = [choice]
+        resp["usage"] = {"prompt_tokens": p, "completion_tokens": n_out, "total_tokens": p + n_out}
+        return await send_json(writer, 200, resp, keep)
+
+    async def stream(self, path, req, reader, writer):
+        chat = path == "/v1/chat/completions"
+        pieces, finish = self.pieces(req.get("max_tokens"))
+        if self.tool_mode(path):
+            pieces, finish = TOOL_ARGS, "tool_calls"
+        head = self.base(path, req, chunk=True)
+        delay = self.args.token_delay_ms / 1000
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        # Watch the socket: EOF (or an error) means the client went away.
+        watcher = asyncio.ensure_future(reader.read(65536))
+        try:
+            for i, piece in enumerate(pieces):
+                if i and delay:
+                    await asyncio.wait({watcher}, timeout=delay)
+                self.check_alive(watcher, writer)
+                if self.tool_mode(path):
+                    call = {"index": 0, "function": {"arguments": piece}}
+                    if i == 0:
+                        call = {"index": 0, "id": "call_1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": piece}}
+                    delta = {"tool_calls": [call]}
+                elif chat:
+                    delta = {"content": piece}
+                if chat:
+                    if i == 0:
+                        delta = {"role": "assistant", **delta}
+                    choice = {"index": 0, "delta": delta, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+                await self.write_event(writer, dumps({**head, "choices": [choice]}))
+            if delay:
+                await asyncio.wait({watcher}, timeout=delay)
+            self.check_alive(watcher, writer)
+            last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
+                    {"index": 0, "text": "", "logprobs": None, "finish_reason": finish})
+            await self.write_event(writer, dumps({**head, "choices": [last]}))
+            if (req.get("stream_options") or {}).get("include_usage"):
+                p, n = self.prompt_tokens(path, req), len(pieces)
+                usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+                await self.write_event(writer, dumps({**head, "choices": [], "usage": usage}))
+            await self.write_event(writer, b"[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        finally:
+            pipelined = watcher.done() and not watcher.cancelled() and not watcher.exception()
+            watcher.cancel()
+        return not pipelined  # bytes swallowed by the watcher: don't reuse the connection
+
+    @staticmethod
+    def check_alive(watcher, writer):
+        if writer.is_closing():
+            raise ClientGone()
+        if watcher.done() and (watcher.cancelled() or watcher.exception() or not watcher.result()):
+            raise ClientGone()
+
+    async def write_event(self, writer, payload):
+        data = b"data: " + payload + b"\n\n"
+        cut = next((i + 1 for i, b in enumerate(data) if b >= 0xC0), None)
+        if self.args.split_bytes and cut:
+            # Two HTTP chunks, split inside a multi-byte UTF-8 character.
+            first, second = data[:cut], data[cut:]
+            writer.write(b"%x\r\n%s\r\n" % (len(first), first))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            data = second
+        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        await writer.drain()
+
+
+# ------------------------------------------------------------------ HTTP I/O
+async def read_request(reader, writer):
+    """Parse one HTTP/1.1 request; None on clean EOF between requests."""
+    line = await reader.readline()
+    while line in (b"\r\n", b"\n"):
+        line = await reader.readline()
+    if not line:
+        return None
+    method, target, _version = line.decode("latin-1").split(None, 2)
+    headers = {}
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    body = b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                break
+            body += await reader.readexactly(size)
+            await reader.readline()
+    elif int(headers.get("content-length") or 0):
+        body = await reader.readexactly(int(headers["content-length"]))
+    return method.upper(), target, headers, body
+
+
+async def send(writer, status, body, ctype, keep):
+    head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep else 'close'}\r\n\r\n")
+    writer.write(head.encode() + body)
+    await writer.drain()
+    return keep
+
+
+async def send_json(writer, status, obj, keep):
+    return await send(writer, status, dumps(obj), "application/json", keep)
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-name", default="fake-model")
+    p.add_argument("--startup-delay-s", type=float, default=0.0)
+    p.add_argument("--token-delay-ms", type=float, default=0.0)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--capacity", type=int, default=0)
+    p.add_argument("--fail-status", type=int, default=0)
+    p.add_argument("--metrics-kind", choices=["none", "vllm", "sglang", "llamacpp"], default="vllm")
+    p.add_argument("--record", default=None)
+    p.add_argument("--text", default=None)
+    p.add_argument("--split-bytes", action="store_true")
+    p.add_argument("--tool-call", action="store_true")
+    p.add_argument("--exit-after-s", type=float, default=0.0)
+    return p.parse_args(argv)
+
+
+def hard_exit(code):
+    sys.stdout.flush()
+    os._exit(code)
+
+
+async def main(args):
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, hard_exit, 0)
+    if args.exit_after_s:
+        loop.call_later(args.exit_after_s, hard_exit, 1)
+    if args.startup_delay_s:
+        await asyncio.sleep(args.startup_delay_s)
+    engine = Engine(args)
+    server = await asyncio.start_server(engine.handle_conn, args.host, args.port, reuse_address=True)
+    print(f"fake engine listening on {args.host}:{args.port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,92 @@
+"""Helpers for tests that run real processes: free ports, waiting for a port, and a
+process handle that is always stopped (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {port} after {timeout_s} s")
+
+
+def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Proc:
+    """A child process with its output in a log file; ``stop()`` always cleans it up."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, new_session: bool = True):
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                     env=full_env, start_new_session=new_session)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def fake_engine(port: int, log_dir: Path, *args: str, name: str = "fake-model") -> Proc:
+    return Proc([PYTHON, str(ROOT / "tests" / "fake_engine.py"), "--port", str(port), "--served-name", name, *args],
+                log_dir / f"fake-engine-{port}.log")
+
+
+def daphne(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
+    proc = Proc([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw.asgi:application"],
+                log_dir / f"daphne-{port}.log", env={"DJANGO_SETTINGS_MODULE": "llmgw.settings", **(env or {})})
+    wait_for_port(port, proc=proc.proc)
+    return proc

@@ -1,0 +1,255 @@
+"""The pure planner: placement, surplus, reasons, on-demand demand, eviction, lost agents.
+No database; the clock is the ``now`` each test passes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from fleet.planner import (
+    AgentView, GpuView, ModelView, Move, Place, Policy, ProfileView, ReplicaView, Snapshot,
+    desired_replicas, plan,
+)
+from fleet.states import ReplicaState as S
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+GPU_40G = ProfileView(id=1, gpus_needed=1, gpu_memory_mib=40960)
+GPU_2X40G = ProfileView(id=2, gpus_needed=2, gpu_memory_mib=40960)
+CPU = ProfileView(id=3, cpu_cores=1, memory_mib=1024)
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def gpu_agent(id: int, name: str, gpus: int = 2, mem: int = 81920, **kw) -> AgentView:
+    kw.setdefault("last_seen_at", ago(1))
+    return AgentView(id=id, name=name, gpus=tuple(GpuView(i, mem) for i in range(gpus)), **kw)
+
+
+def cpu_agent(id: int, name: str, cores: int = 2, mem: int = 4096, **kw) -> AgentView:
+    kw.setdefault("last_seen_at", ago(1))
+    return AgentView(id=id, name=name, cpu_cores=cores, memory_mib=mem, **kw)
+
+
+def model(id: int, name: str, profile=GPU_40G, **kw) -> ModelView:
+    return ModelView(id=id, name=name, profile=profile, **kw)
+
+
+def snap(agents=(), models=(), replicas=(), **policy) -> Snapshot:
+    return Snapshot(Policy(**policy), tuple(agents), tuple(models), tuple(replicas))
+
+
+def rep(id, model_id, agent_id, state=S.READY, gpus=(0,), **kw) -> ReplicaView:
+    return ReplicaView(id=id, model_id=model_id, agent_id=agent_id, state=state, gpu_indices=tuple(gpus), **kw)
+
+
+# --- desired -------------------------------------------------------------------------------
+
+def test_desired_is_the_models_min_for_an_ordinary_model():
+    assert desired_replicas(model(1, "m", min_replicas=2, max_replicas=3), Policy(), NOW) == 2
+
+
+def test_desired_is_zero_when_the_cluster_is_stopped_whatever_the_catalog_says():
+    m = model(1, "m", min_replicas=2, max_replicas=3, window_min=3)
+    assert desired_replicas(m, Policy(stopped=True), NOW) == 0
+
+
+def test_desired_is_zero_for_an_external_model():
+    assert desired_replicas(model(1, "m", profile=None, external=True, min_replicas=1), Policy(), NOW) == 0
+
+
+def test_on_demand_model_wants_one_replica_while_wanted_within_its_idle_timeout():
+    m = model(1, "m", on_demand=True, idle_timeout_s=60, wanted_at=ago(59))
+    assert desired_replicas(m, Policy(), NOW) == 1
+    assert desired_replicas(model(1, "m", on_demand=True, idle_timeout_s=60, wanted_at=ago(61)), Policy(), NOW) == 0
+
+
+def test_on_demand_model_never_wanted_wants_nothing():
+    assert desired_replicas(model(1, "m", on_demand=True), Policy(), NOW) == 0
+
+
+def test_on_demand_model_falls_back_to_the_cluster_idle_timeout():
+    m = model(1, "m", on_demand=True, wanted_at=ago(100))
+    assert desired_replicas(m, Policy(default_idle_timeout_s=120), NOW) == 1
+    assert desired_replicas(m, Policy(default_idle_timeout_s=90), NOW) == 0
+
+
+def test_a_schedule_window_min_keeps_an_on_demand_model_running_however_quiet():
+    m = model(1, "m", on_demand=True, window_min=1, wanted_at=None)
+    assert desired_replicas(m, Policy(), NOW) == 1
+
+
+def test_load_extra_is_capped_at_max():
+    m = model(1, "m", min_replicas=1, max_replicas=3, extra_replicas=5)
+    assert desired_replicas(m, Policy(), NOW) == 3
+
+
+# --- placement -----------------------------------------------------------------------------
+
+def test_places_min_replicas_spread_across_agents():
+    result = plan(snap([gpu_agent(1, "a"), gpu_agent(2, "b")], [model(1, "m", min_replicas=2, max_replicas=2)]), NOW)
+    places = result.places
+    assert len(places) == 2
+    assert {p.agent_id for p in places} == {1, 2}
+    assert result.models[1].desired == 2 and not result.models[1].unservable
+
+
+def test_packs_onto_the_fullest_agent_when_spreading_does_not_matter():
+    agents = [gpu_agent(1, "a", gpus=4), gpu_agent(2, "b", gpus=4)]
+    replicas = [rep(10, 2, 2, gpus=(0,))]
+    result = plan(snap(agents, [model(1, "m", min_replicas=1), model(2, "other", min_replicas=1)], replicas), NOW)
+    assert [p.agent_id for p in result.places] == [2]
+
+
+def test_a_placed_replica_holds_the_gpus_it_was_given():
+    result = plan(snap([gpu_agent(1, "a", gpus=2)], [model(1, "m", min_replicas=2, max_replicas=2)]), NOW)
+    assert sorted(p.gpu_indices for p in result.places) == [(0,), (1,)]
+
+
+def test_tensor_parallel_profile_takes_two_gpus_on_one_agent():
+    result = plan(snap([gpu_agent(1, "a", gpus=1), gpu_agent(2, "b", gpus=2)], [model(1, "big", profile=GPU_2X40G, min_replicas=1)]), NOW)
+    assert result.places == [Place(1, 2, (0, 1), 0.0, 0, result.places[0].reason)]
+
+
+def test_nothing_fits_records_why_per_agent():
+    agents = [gpu_agent(1, "gpu-1", gpus=1), cpu_agent(2, "cpu-1")]
+    result = plan(snap(agents, [model(1, "big", profile=GPU_2X40G, min_replicas=1)]), NOW)
+    outcome = result.models[1]
+    assert result.places == []
+    assert outcome.unservable
+    assert "no agent has 2 free GPUs of 40 GiB" in outcome.reason
+    assert "gpu-1: 1 free" in outcome.reason
+    assert "cpu-1: no GPUs" in outcome.reason
+
+
+def test_gpus_too_small_are_explained():
+    result = plan(snap([gpu_agent(1, "g", gpus=2, mem=24576)], [model(1, "m", min_replicas=1)]), NOW)
+    assert "largest 24576 MiB" in result.models[1].reason
+
+
+def test_no_agents_at_all_is_explained():
+    result = plan(snap([], [model(1, "m", min_replicas=1)]), NOW)
+    assert result.models[1].unservable and "no agents registered" in result.models[1].reason
+
+
+def test_cordoned_and_disconnected_agents_take_nothing_new():
+    agents = [gpu_agent(1, "a", cordoned=True), gpu_agent(2, "b", connected=False)]
+    result = plan(snap(agents, [model(1, "m", min_replicas=1)]), NOW)
+    assert result.places == []
+    assert "a: cordoned" in result.models[1].reason and "b: not connected" in result.models[1].reason
+
+
+def test_many_agents_with_one_cause_are_grouped():
+    agents = [gpu_agent(i, f"n{i}", cordoned=True) for i in range(10)]
+    reason = plan(snap(agents, [model(1, "m", min_replicas=1)]), NOW).models[1].reason
+    assert "10 agents" in reason and reason.count("cordoned") == 1
+
+
+def test_cpu_profile_uses_cores_and_memory():
+    agents = [cpu_agent(1, "c", cores=2, mem=4096)]
+    result = plan(snap(agents, [model(1, "m", profile=CPU, min_replicas=3, max_replicas=3)]), NOW)
+    assert len(result.places) == 2  # two cores
+    assert "1 free CPU cores" in result.models[1].reason or "CPU cores free" in result.models[1].reason
+
+
+def test_cpu_profile_short_of_memory_is_explained():
+    result = plan(snap([cpu_agent(1, "c", cores=8, mem=512)], [model(1, "m", profile=CPU, min_replicas=1)]), NOW)
+    assert "c: 512 MiB RAM free" in result.models[1].reason
+
+
+def test_placing_replicas_count_so_a_second_pass_places_nothing_more():
+    replicas = [rep(5, 1, 1, state=S.PLACING)]
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas), NOW)
+    assert result.actions == []
+
+
+def test_model_without_profile_is_unservable():
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m", profile=None, min_replicas=1)]), NOW)
+    assert result.models[1].unservable
+
+
+def test_plan_is_deterministic():
+    s = snap([gpu_agent(i, f"a{i}", gpus=2) for i in range(5)],
+             [model(i, f"m{i}", min_replicas=2, max_replicas=2) for i in range(6)])
+    assert plan(s, NOW).actions == plan(s, NOW).actions
+
+
+# --- surplus and drain -----------------------------------------------------------------------
+
+def test_surplus_ready_replica_drains_and_a_starting_one_stops_first():
+    replicas = [rep(1, 1, 1, S.READY, gpus=(0,), in_flight=0), rep(2, 1, 1, S.STARTING, gpus=(1,))]
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1, max_replicas=2)], replicas), NOW)
+    assert result.moves == [Move(2, S.STOPPING, result.moves[0].reason)]
+
+
+def test_stopped_cluster_drains_every_ready_replica():
+    replicas = [rep(1, 1, 1, S.READY, in_flight=0)]
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas, stopped=True), NOW)
+    assert [(m.replica_id, m.to) for m in result.moves] == [(1, S.DRAINING)]
+    assert result.models[1].reason == "cluster stopped"
+
+
+def test_draining_replica_stops_once_nothing_is_in_flight():
+    replicas = [rep(1, 1, 1, S.DRAINING, in_flight=0, state_changed_at=ago(1))]
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas), NOW)
+    assert [(m.replica_id, m.to) for m in result.moves] == [(1, S.STOPPING)]
+
+
+def test_draining_replica_with_requests_in_flight_waits_within_the_grace():
+    replicas = [rep(1, 1, 1, S.DRAINING, in_flight=2, state_changed_at=ago(5))]
+    assert plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas, drain_grace_s=30), NOW).moves == []
+
+
+def test_draining_replica_with_unknown_in_flight_is_not_treated_as_idle():
+    replicas = [rep(1, 1, 1, S.DRAINING, in_flight=None, state_changed_at=ago(5))]
+    assert plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas, drain_grace_s=30), NOW).moves == []
+
+
+def test_drain_grace_bounds_the_wait():
+    replicas = [rep(1, 1, 1, S.DRAINING, in_flight=3, state_changed_at=ago(31))]
+    moves = plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas, drain_grace_s=30), NOW).moves
+    assert [(m.replica_id, m.to) for m in moves] == [(1, S.STOPPING)]
+
+
+# --- lost agents -----------------------------------------------------------------------------
+
+def test_silent_agent_loses_its_replicas_and_they_are_placed_elsewhere():
+    agents = [gpu_agent(1, "a", last_seen_at=ago(100)), gpu_agent(2, "b"), gpu_agent(3, "c"), gpu_agent(4, "d")]
+    models = [model(1, "m", min_replicas=1)] + [model(i, f"o{i}", min_replicas=1) for i in (2, 3, 4)]
+    replicas = [rep(1, 1, 1), rep(2, 2, 2), rep(3, 3, 3), rep(4, 4, 4)]
+    result = plan(snap(agents, models, replicas, agent_lost_after_s=20), NOW)
+    assert (1, S.LOST) in [(m.replica_id, m.to) for m in result.moves]
+    assert [p.model_id for p in result.places] == [1] and result.places[0].agent_id != 1
+
+
+def test_an_agent_silent_shorter_than_the_grace_moves_nothing():
+    agents = [gpu_agent(1, "a", last_seen_at=ago(10), connected=False), gpu_agent(2, "b")]
+    replicas = [rep(1, 1, 1)]
+    result = plan(snap(agents, [model(1, "m", min_replicas=1)], replicas, agent_lost_after_s=20), NOW)
+    assert result.actions == []
+
+
+def test_most_agents_silent_at_once_means_the_control_plane_stalled():
+    agents = [gpu_agent(i, f"a{i}", last_seen_at=ago(100)) for i in range(1, 5)]
+    models = [model(i, f"m{i}", min_replicas=1) for i in range(1, 5)]
+    replicas = [rep(i, i, i) for i in range(1, 5)]
+    result = plan(snap(agents, models, replicas, agent_lost_after_s=20), NOW)
+    assert not any(m.to == S.LOST for m in result.moves)
+    assert result.places == []
+    assert "stalled" in result.notes[0]
+
+
+# --- crash loops -----------------------------------------------------------------------------
+
+def test_failed_replicas_are_replaced_with_exponential_backoff():
+    m = model(1, "m", min_replicas=1, failures=(ago(30), ago(20), ago(10)), last_error="engine exited with code 1")
+    result = plan(snap([gpu_agent(1, "a")], [m], backoff_base_s=5, backoff_cap_s=300), NOW)
+    assert result.places == []  # third failure: wait 20 s, 10 s passed
+    assert "crash loop: 3 failure(s)" in result.models[1].reason and "exited with code 1" in result.models[1].reason
+    later = plan(snap([gpu_agent(1, "a")], [m], backoff_base_s=5, backoff_cap_s=300), NOW + timedelta(seconds=11))
+    assert len(later.places) == 1
+
+
+def test_backoff_is_capped():
+    m = model(1, "m", min_replicas=1, failures=tuple(ago(1000 + i) for i in range(10, 0, -1)))
+    assert len(plan(snap([gpu_agent(1, "a")], [m], backoff_base_s=5, backoff_cap_s=60), NOW).places) == 1
