@@ -1,0 +1,88 @@
+"""End to end with every part real: ``llmgw up`` starts daphne, qcluster and the agent as
+separate processes; the agent runs llama.cpp's server with the Gemma 3 270M GGUF; the
+official ``openai`` client talks to the gateway. One cluster for the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import openai
+import pytest
+
+from tests.processes import PYTHON, ROOT, Proc, free_port, wait_until
+
+try:
+    import llama_cpp.server  # noqa: F401
+    HAVE_LLAMA = True
+except ImportError:
+    HAVE_LLAMA = False
+
+if not HAVE_LLAMA and os.environ.get("CI") == "true":
+    raise RuntimeError("llama-cpp-python is not installed: run bin/setup (CI must run the Gemma test)")
+
+pytestmark = [
+    pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed here: run bin/setup to build it"),
+    pytest.mark.timeout(600),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    data = tmp_path_factory.mktemp("e2e")
+    port = free_port()
+    env = {
+        "DJANGO_SETTINGS_MODULE": "llmgw.settings",
+        "LLMGW_DATA_DIR": str(data),
+        "LLMGW_SQLITE_PATH": str(data / "llmgw.sqlite3"),
+        "LLMGW_RECONCILE_INTERVAL": "1s",
+        "LLMGW_USAGE_FLUSH_INTERVAL": "0.5s",
+    }
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--port", str(port), "--ready-timeout-s", "400"],
+              data / "up.log", env=env)
+    try:
+        wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=450, interval_s=0.5,
+                   what="llmgw up")
+        assert up.proc.poll() is None, up.log()[-3000:]
+        assert "gemma-3-270m (ready)" in up.log(), up.log()[-3000:]
+        yield {"url": f"http://127.0.0.1:{port}", "env": env, "up": up, "data": data}
+    finally:
+        up.stop(timeout_s=60)
+    assert "Traceback" not in up.log(), up.log()[-5000:]
+
+
+def manage(cluster, code: str) -> str:
+    done = subprocess.run([PYTHON, "manage.py", "shell", "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **cluster["env"]}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_openai_client_gets_a_real_chat_completion_from_gemma(cluster):
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    reply = client.chat.completions.create(model="gemma-3-270m", max_tokens=12,
+                                           messages=[{"role": "user", "content": "Say hello."}])
+    assert reply.choices[0].message.content.strip()
+    assert reply.usage.completion_tokens > 0
+
+
+def test_the_openai_client_streams_several_chunks(cluster):
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    stream = client.chat.completions.create(model="gemma-3-270m", max_tokens=12, stream=True,
+                                            messages=[{"role": "user", "content": "Count to five."}])
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) >= 3 and "".join(pieces).strip()
+
+
+def test_models_list_names_gemma(cluster):
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    assert "gemma-3-270m" in [m.id for m in client.models.list()]
+
+
+def test_explain_tells_why_the_model_runs(cluster):
+    done = subprocess.run([PYTHON, "manage.py", "llmgw", "explain", "gemma-3-270m", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, **cluster["env"]}, timeout=60)
+    info = json.loads(done.stdout)
+    assert info["ready"] == 1 and info["desired"] == 1

@@ -1,0 +1,138 @@
+"""The /v1/ gateway in a real daphne process against a fake engine process: relaying,
+streaming as produced, and every error status of issue #2."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from fleet.models import Agent, ModelState, Replica
+from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup, django_db_blocker, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("gateway-logs")
+    engine_port, slow_port, web_port = free_port(), free_port(), free_port()
+    engine = fake_engine(engine_port, logs, "--tokens", "8")
+    slow = fake_engine(slow_port, logs, "--tokens", "5", "--token-delay-ms", "300")
+    web = daphne(web_port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
+                                      "LLMGW_COLD_START_TIMEOUT": "2s"})
+    wait_for_port(engine_port, proc=engine.proc)
+    wait_for_port(slow_port, proc=slow.proc)
+    yield {"engine": engine_port, "slow": slow_port, "url": f"http://127.0.0.1:{web_port}", "web": web}
+    for proc in (web, engine, slow):
+        proc.stop()
+
+
+@pytest.fixture
+def client(servers):
+    """Every gateway test talks through this client (authentication arrives in one place)."""
+    with httpx.Client(base_url=servers["url"], timeout=30) as c:
+        yield c
+
+
+def serve(model, port: int) -> Replica:
+    agent, _ = Agent.objects.get_or_create(name="local", defaults={"address": "127.0.0.1"})
+    Agent.objects.filter(pk=agent.pk).update(connected=True, last_seen_at=timezone.now(), address="127.0.0.1")
+    return Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=port,
+                                  cpu_cores=1, memory_mib=128)
+
+
+def wait_routed(client, name: str) -> None:
+    def routed():
+        r = client.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "x"}]})
+        return r.status_code == 200
+    wait_until(routed, timeout_s=10, what=f"{name} to be routed")
+
+
+def test_chat_completion_is_relayed(client, servers, make_model):
+    serve(make_model("fake-model", aliases="fm"), servers["engine"])
+    wait_routed(client, "fake-model")
+    r = client.post("/v1/chat/completions", json={"model": "fm", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["message"]["content"].startswith("tok0")
+    assert body["usage"]["completion_tokens"] == 8
+    assert r.headers["x-llmgw-replica"]
+    assert float(r.headers["x-llmgw-overhead-ms"]) >= 0
+
+
+def test_completions_and_embeddings_are_relayed(client, servers, make_model):
+    serve(make_model("fake-model"), servers["engine"])
+    wait_routed(client, "fake-model")
+    assert client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"}).json()["choices"][0]["text"]
+    emb = client.post("/v1/embeddings", json={"model": "fake-model", "input": ["a", "b"]}).json()
+    assert len(emb["data"]) == 2
+
+
+def test_streaming_chunks_arrive_as_they_are_produced(client, servers, make_model):
+    serve(make_model("slow-model"), servers["slow"])
+    wait_routed(client, "slow-model")
+    arrivals = []
+    started = time.monotonic()
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"model": "slow-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for chunk in r.iter_raw():
+            if b"tok" in chunk:
+                arrivals.append(time.monotonic() - started)
+            text = chunk
+    assert b"[DONE]" in text
+    assert len(arrivals) >= 4, arrivals
+    # 5 tokens 300 ms apart: the first arrives long before the last (not buffered to the end).
+    assert arrivals[-1] - arrivals[0] > 0.8, arrivals
+
+
+def test_models_list_shows_the_catalog(client, make_model):
+    make_model("fake-model")
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    assert "fake-model" in [m["id"] for m in r.json()["data"]]
+
+
+def test_malformed_json_is_a_400(client):
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_json"
+
+
+def test_missing_model_is_a_400(client):
+    r = client.post("/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "model"
+
+
+def test_unknown_model_is_a_404_model_not_found(client, db):
+    r = client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "model_not_found"
+
+
+def test_no_ready_replica_is_a_503_with_the_placement_reason(client, make_model):
+    m = make_model("big-model")
+    reason = "no agent has 2 free GPUs of 40 GiB; gpu-1: 1 free"
+    ModelState.objects.create(model=m, desired=1, unservable=True, reason=reason)
+    time.sleep(0.2)
+    r = client.post("/v1/chat/completions", json={"model": "big-model", "messages": []})
+    assert r.status_code == 503
+    assert reason in r.json()["error"]["message"]
+
+
+def test_a_dead_replica_is_a_502_not_a_500(client, make_model):
+    serve(make_model("dead-model"), free_port())
+    time.sleep(0.3)
+    r = client.post("/v1/chat/completions", json={"model": "dead-model", "messages": []})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_get_on_a_post_endpoint_is_a_405_in_openai_shape(client):
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()
