@@ -31,7 +31,9 @@ from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
-PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
+def process_id() -> str:
+    """This web process's name in usage reports (per call: processes may fork after import)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ class Watcher:
         if report:
             from fleet.usage import record_report
 
-            await sync_to_async(record_report, thread_sensitive=False)(PROCESS_ID, report)
+            await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
 
 
 def _load_view(agent_ids: list[int]) -> View:

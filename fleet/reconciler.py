@@ -24,8 +24,13 @@ from fleet.states import HOLDS_RESOURCES, ReplicaState
 
 log = logging.getLogger(__name__)
 
-HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 MAX_PASSES_PER_RUN = 20
+
+
+def holder_id() -> str:
+    """This process's name on the pass lock. Computed per call: django-q2 forks its workers
+    after import, so a module-level value would give every worker the parent's pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _policy(cluster: ClusterSettings) -> planner.Policy:
@@ -130,7 +135,10 @@ def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
             replica = Replica.objects.filter(pk=action.replica_id).first()
             if replica is None:
                 continue
-            if replica.transition(action.to, reason=action.reason):
+            reason = action.reason
+            if replica.state == ReplicaState.DRAINING.value:
+                reason = f"{replica.reason}; then {action.reason}"  # keep why it was drained
+            if replica.transition(action.to, reason=reason):
                 touched.add(replica.agent_id)
                 log.info("replica %s → %s: %s", replica.pk, action.to, action.reason)
     for model_id, outcome in result.models.items():
@@ -185,10 +193,11 @@ def nudge_agents(agent_ids) -> None:
             log.warning("could not nudge agent %s over the channel layer", agent_id, exc_info=True)
 
 
-def reconcile(holder: str = HOLDER) -> int:
+def reconcile(holder: str | None = None) -> int:
     """Run passes while holding the lock, until no pass was requested during the last one.
     Returns how many passes ran (0 when another holder has the lock: it will see our
     request and run again)."""
+    holder = holder or holder_id()
     passes = 0
     while passes < MAX_PASSES_PER_RUN:
         now = timezone.now()

@@ -19,8 +19,11 @@ WATCHDOG_NAME = "llmgw reconcile watchdog"
 
 
 def reconcile_now() -> int:
-    """An immediate pass (somebody is waiting). Returns the passes run."""
-    return reconcile()
+    """An immediate pass (somebody is waiting). Returns the passes run. Also revives the
+    tick chain if it is not running, so periodic passes never wait for the watchdog."""
+    passes = reconcile()
+    watchdog()
+    return passes
 
 
 def tick() -> None:

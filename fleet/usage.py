@@ -16,6 +16,25 @@ from django.utils import timezone
 from fleet.models import ModelState, Replica, UsageReport
 
 
+def advance(current: datetime | None, reported: datetime | None) -> datetime | None:
+    """The later of two last-use times; ``None`` (never told) only while nothing was told."""
+    if reported is None:
+        return current
+    if current is None or reported > current:
+        return reported
+    return current
+
+
+def merge_last_used(current: dict[int, datetime | None], report: dict[int, datetime | None]) -> dict[int, datetime | None]:
+    """Pure form of the rule the database applies: every replica keeps its time unless the
+    report moves it forwards; replicas absent from the report are untouched."""
+    merged = dict(current)
+    for replica_id, reported in report.items():
+        if replica_id in merged:
+            merged[replica_id] = advance(merged[replica_id], reported)
+    return merged
+
+
 def record_report(process: str, report: dict[int, tuple[int, datetime | None]]) -> None:
     """Store one web process's report: ``{replica_id: (in_flight, last_used_at or None)}``."""
     now = timezone.now()

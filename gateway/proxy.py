@@ -108,6 +108,7 @@ async def _find_replica(model: Model) -> Endpoint | HttpResponse:
         await sync_to_async(want)(model.id)
         trust_after = time.monotonic()
     timeout_s = view.cold_start_timeout_s
+    log.info("holding a request for %s while it starts (up to %.0f s; view %d)", model.name, timeout_s, view.version)
     deadline = time.monotonic() + timeout_s
     watcher.holders += 1
     try:

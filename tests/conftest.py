@@ -4,8 +4,24 @@ log directory for real processes."""
 from __future__ import annotations
 
 import pytest
+import pytest_django.fixtures
 
 from catalog.models import ClusterSettings, Model, Profile
+
+
+_databases_for_setup = pytest_django.fixtures._get_databases_for_setup
+
+
+def _always_the_default_database(items):
+    """Modules that run a live cluster use the test database from module fixtures (their
+    processes share it), without a django_db mark: per-test flushes would pull rows from
+    under running processes. pytest-django only creates databases that marked tests need,
+    so always ask for the default one."""
+    aliases, serialized = _databases_for_setup(items)
+    return set(aliases) | {"default"}, serialized
+
+
+pytest_django.fixtures._get_databases_for_setup = _always_the_default_database
 
 
 @pytest.fixture

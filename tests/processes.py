@@ -67,16 +67,19 @@ class Proc:
             return ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+        """Signal the process (it stops its own children, as in production), then kill
+        whatever is left of its process group."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
+                self.proc.send_signal(sig)
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
         self._log.close()
 
 

@@ -253,3 +253,101 @@ def test_failed_replicas_are_replaced_with_exponential_backoff():
 def test_backoff_is_capped():
     m = model(1, "m", min_replicas=1, failures=tuple(ago(1000 + i) for i in range(10, 0, -1)))
     assert len(plan(snap([gpu_agent(1, "a")], [m], backoff_base_s=5, backoff_cap_s=60), NOW).places) == 1
+
+
+# --- on-demand: idle eviction and making room --------------------------------------------------
+
+def test_idle_on_demand_model_scales_to_zero_and_forgets_its_demand():
+    m = model(1, "m", on_demand=True, idle_timeout_s=60, wanted_at=ago(61))
+    replicas = [rep(1, 1, 1, S.READY, in_flight=0, last_used_at=ago(61))]
+    result = plan(snap([gpu_agent(1, "a")], [m], replicas), NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == [(1, S.DRAINING)]
+    assert result.models[1].forget_demand
+    assert "idle for 1 min" in result.models[1].reason
+
+
+def test_idle_replica_with_requests_in_flight_is_drained_not_stopped():
+    m = model(1, "m", on_demand=True, idle_timeout_s=60, wanted_at=ago(61))
+    replicas = [rep(1, 1, 1, S.READY, in_flight=2, last_used_at=ago(61))]
+    result = plan(snap([gpu_agent(1, "a")], [m], replicas), NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == [(1, S.DRAINING)]
+
+
+def test_wanted_on_demand_model_is_placed():
+    m = model(1, "m", on_demand=True, wanted_at=ago(0))
+    assert len(plan(snap([gpu_agent(1, "a")], [m]), NOW).places) == 1
+
+
+def full_fleet(*users):
+    """One agent with two GPUs, each held by an on-demand model's replica."""
+    models = [model(10 + i, name, on_demand=True, wanted_at=ago(5)) for i, (name, _, _) in enumerate(users)]
+    replicas = [rep(100 + i, 10 + i, 1, S.READY, gpus=(i,), last_used_at=used, in_flight=flight)
+                for i, (_, used, flight) in enumerate(users)]
+    return models, replicas
+
+
+def test_making_room_evicts_the_least_recently_used_idle_replica():
+    models, replicas = full_fleet(("qwen-7b", ago(14 * 60), 0), ("mistral", ago(5 * 60), 0))
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    result = plan(snap([gpu_agent(1, "a")], models + [wanted], replicas, min_idle_before_eviction_s=60), NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == [(100, S.DRAINING)]
+    assert "evicted qwen-7b, idle 14 min, to place llama-70b" in result.models[1].reason
+    assert not result.models[1].unservable
+    assert result.models[10].forget_demand  # qwen-7b is no longer wanted: no ping-pong
+
+
+def test_making_room_never_evicts_on_unknown_idleness():
+    models, replicas = full_fleet(("qwen-7b", None, 0), ("mistral", None, 0))
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    result = plan(snap([gpu_agent(1, "a")], models + [wanted], replicas), NOW)
+    assert result.moves == []
+    assert result.models[1].unservable
+
+
+def test_making_room_never_evicts_a_replica_with_requests_in_flight_or_unknown_in_flight():
+    models, replicas = full_fleet(("qwen-7b", ago(3600), 1), ("mistral", ago(3600), None))
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    assert plan(snap([gpu_agent(1, "a")], models + [wanted], replicas), NOW).moves == []
+
+
+def test_making_room_never_evicts_a_replica_idle_shorter_than_the_minimum():
+    models, replicas = full_fleet(("qwen-7b", ago(30), 0), ("mistral", ago(20), 0))
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    assert plan(snap([gpu_agent(1, "a")], models + [wanted], replicas, min_idle_before_eviction_s=60), NOW).moves == []
+
+
+def test_making_room_never_goes_below_another_models_min():
+    models = [model(10, "pinned", on_demand=True, min_replicas=1, wanted_at=None),
+              model(11, "window", on_demand=True, window_min=1)]
+    replicas = [rep(100, 10, 1, S.READY, gpus=(0,), last_used_at=ago(3600), in_flight=0),
+                rep(101, 11, 1, S.READY, gpus=(1,), last_used_at=ago(3600), in_flight=0)]
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    assert plan(snap([gpu_agent(1, "a")], models + [wanted], replicas), NOW).moves == []
+
+
+def test_making_room_never_evicts_ordinary_models():
+    models = [model(10, "always-on", min_replicas=0, max_replicas=2, extra_replicas=1)]
+    replicas = [rep(100, 10, 1, S.READY, gpus=(0,), last_used_at=ago(3600), in_flight=0),
+                rep(101, 10, 1, S.READY, gpus=(1,), last_used_at=ago(3600), in_flight=0)]
+    wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
+    result = plan(snap([gpu_agent(1, "a")], models + [wanted], replicas), NOW)
+    assert all(x.replica_id not in (100, 101) or x.reason.startswith("not wanted") or "surplus" in x.reason
+               for x in result.moves)
+    assert not any("evicted" in x.reason for x in result.moves)
+
+
+def test_making_room_evicts_only_as_much_as_needed_in_lru_order():
+    # The wanted model needs two GPUs; three idle replicas hold GPUs 0-2 of a 3-GPU agent.
+    models = [model(10 + i, f"m{i}", on_demand=True, wanted_at=ago(5)) for i in range(3)]
+    used = [ago(600), ago(1800), ago(1200)]
+    replicas = [rep(100 + i, 10 + i, 1, S.READY, gpus=(i,), last_used_at=used[i], in_flight=0) for i in range(3)]
+    wanted = model(1, "big", profile=GPU_2X40G, on_demand=True, wanted_at=ago(0))
+    result = plan(snap([gpu_agent(1, "a", gpus=3)], models + [wanted], replicas), NOW)
+    assert [x.replica_id for x in result.moves] == [101, 102]  # 30 min idle, then 20 min
+
+
+def test_making_room_is_only_for_on_demand_models():
+    models, replicas = full_fleet(("qwen-7b", ago(3600), 0), ("mistral", ago(3600), 0))
+    ordinary = model(1, "llama-70b", min_replicas=1)
+    result = plan(snap([gpu_agent(1, "a")], models + [ordinary], replicas), NOW)
+    assert result.moves == [] and result.models[1].unservable
