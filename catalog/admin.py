@@ -37,7 +37,54 @@ class ModelAdmin(admin.ModelAdmin):
 
 @admin.register(ClusterSettings)
 class ClusterSettingsAdmin(admin.ModelAdmin):
+    """The singleton. Stopping and starting go through confirmation pages (the flag is
+    live: stopping frees every GPU); the ``stop_cluster``/``start_cluster`` callables are
+    injected by ``fleet`` (catalog imports nothing from it)."""
+
     list_display = ("__str__", "stopped", "time_zone", "default_idle_timeout_s", "cold_start_timeout_s")
+    readonly_fields = ("stopped", "stopped_at", "stopped_by")
+    change_form_template = "admin/catalog/clustersettings/change_form.html"
+    stop_cluster = None
+    start_cluster = None
+
+    def get_urls(self):
+        from django.urls import path
+
+        return [
+            path("stop/", self.admin_site.admin_view(self.stop_view), name="cluster-stop"),
+            path("start/", self.admin_site.admin_view(self.start_view), name="cluster-start"),
+        ] + super().get_urls()
+
+    def _confirm(self, request, title, explanation, button, action, danger):
+        from django.http import HttpResponseRedirect
+        from django.template.response import TemplateResponse
+
+        back = "../1/change/"
+        if not self.has_change_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        if request.method == "POST":
+            changed = action(request)
+            self.message_user(request, f"{title}: {'done' if changed else 'nothing to do'}.")
+            return HttpResponseRedirect(back)
+        context = {**self.admin_site.each_context(request), "title": title, "explanation": explanation,
+                   "button": button, "back": back, "danger": danger}
+        return TemplateResponse(request, "admin/catalog/clustersettings/confirm.html", context)
+
+    def stop_view(self, request):
+        ClusterSettings.get_solo()
+        return self._confirm(
+            request, "Stop the cluster",
+            "Every replica will drain and stop, freeing every GPU, and /v1/ will answer 503 system_stopped "
+            "until the cluster is started again. No model's definition changes.",
+            "Yes, stop the cluster", lambda r: type(self).stop_cluster(r.user.get_username()), True)
+
+    def start_view(self, request):
+        ClusterSettings.get_solo()
+        return self._confirm(
+            request, "Start the cluster", "Models will be placed again as the catalog asks.",
+            "Start", lambda r: type(self).start_cluster(), False)
 
     def has_add_permission(self, request) -> bool:
         return not ClusterSettings.objects.exists()

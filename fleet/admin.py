@@ -55,3 +55,15 @@ class ModelStateAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+# The cluster-settings admin (catalog) stops and starts through fleet's operations.
+def _wire_cluster_admin() -> None:
+    from catalog.admin import ClusterSettingsAdmin
+    from fleet.operations import start_cluster, stop_cluster
+
+    ClusterSettingsAdmin.stop_cluster = staticmethod(stop_cluster)
+    ClusterSettingsAdmin.start_cluster = staticmethod(start_cluster)
+
+
+_wire_cluster_admin()

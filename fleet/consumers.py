@@ -36,6 +36,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     agent_id: int = 0
     sent_generation: int = -1
+    restart_generation: int = 0
     session: str = ""
 
     async def connect(self) -> None:
@@ -48,6 +49,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         self.agent_id = agent.id
         self.agent_name = agent.name
+        self.restart_generation = agent.restart_generation  # only later requests restart it
         await self.accept()
         self.session = await database_sync_to_async(reports.mark_connected)(agent.id)
         if self.channel_layer is not None:
@@ -100,4 +102,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.push_assign()
 
     async def agent_restart(self, event) -> None:
+        await self.send_restart()
+
+    async def send_restart(self) -> None:
+        log.info("asking agent %s to restart", self.agent_name)
         await self.send_json(protocol.restart_agent())

@@ -22,7 +22,7 @@ import socket
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from asgiref.sync import sync_to_async
@@ -69,8 +69,11 @@ class View:
 class Pushable(Protocol):
     agent_id: int
     sent_generation: int
+    restart_generation: int
 
     async def push_assign(self, force: bool = False) -> None: ...
+
+    async def send_restart(self) -> None: ...
 
 
 class UsageRecorder:
@@ -118,6 +121,7 @@ class Watcher:
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._last_flush = 0.0
+        self._last_register = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def ensure_started(self) -> None:
@@ -168,6 +172,7 @@ class Watcher:
                 await self._refresh()
                 await self._push_agents()
                 await self.flush_usage()
+                await self._register()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -191,13 +196,28 @@ class Watcher:
             self._changed = asyncio.Event()
 
     async def _push_agents(self) -> None:
-        for agent_id, generation in getattr(self, "_generations", {}).items():
+        for agent_id, (generation, restart) in getattr(self, "_generations", {}).items():
             consumer = self.agents.get(agent_id)
-            if consumer is not None and consumer.sent_generation != generation:
-                try:
+            if consumer is None:
+                continue
+            try:
+                if consumer.restart_generation < restart:
+                    consumer.restart_generation = restart
+                    await consumer.send_restart()
+                elif consumer.sent_generation != generation:
                     await consumer.push_assign()
-                except Exception:
-                    log.warning("could not push assignments to agent %s", agent_id, exc_info=True)
+            except Exception:
+                log.warning("could not reach agent %s", agent_id, exc_info=True)
+
+    async def _register(self) -> None:
+        """Keep this web process registered as a control plane (for status and restart)."""
+        now = time.monotonic()
+        if now - self._last_register < settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S:
+            return
+        self._last_register = now
+        from fleet.models import ControlPlane
+
+        await sync_to_async(ControlPlane.heartbeat, thread_sensitive=False)("web")
 
     async def flush_usage(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -224,12 +244,15 @@ def _load_view(agent_ids: list[int]) -> View:
     view = View()
     routes: dict[int, list[Endpoint]] = defaultdict(list)
     coming: dict[int, int] = defaultdict(int)
+    # An agent heard from within the route grace keeps its replicas routable: a restarting
+    # agent (seconds) leaves its engines serving; a silent one drops out of routing.
+    heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
     rows = Replica.objects.filter(
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
-    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__connected")
-    for rid, model_id, state, port, address, agent_name, connected in rows:
+    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at")
+    for rid, model_id, state, port, address, agent_name, last_seen in rows:
         if state == ReplicaState.READY.value:
-            if connected and port:
+            if last_seen is not None and last_seen >= heard_since and port:
                 routes[model_id].append(Endpoint(rid, model_id, f"http://{address or '127.0.0.1'}:{port}", agent_name))
         else:
             coming[model_id] += 1
@@ -244,7 +267,11 @@ def _load_view(agent_ids: list[int]) -> View:
     if row is not None:
         view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])
     if agent_ids:
-        view._generations = dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "generation"))
+        view._generations = {
+            agent_id: (generation, restart)
+            for agent_id, generation, restart in Agent.objects.filter(id__in=agent_ids).values_list(
+                "id", "generation", "restart_generation")
+        }
     return view
 
 

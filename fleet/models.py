@@ -31,6 +31,9 @@ class Agent(models.Model):
     memory_mib = models.PositiveIntegerField(default=0)
     cordoned = models.BooleanField(default=False, help_text="Cordoned: nothing new is placed.")
     generation = models.PositiveBigIntegerField(default=0, db_index=True)
+    #: Moves when an operator asks the agent to restart (``llmgw restart``); the watcher of
+    #: the web process holding its websocket sends ``restart_agent``.
+    restart_generation = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -246,3 +249,37 @@ class UsageReport(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["process", "replica"], name="usage_one_per_process")
         ]
+
+
+class ControlPlane(models.Model):
+    """A control-plane process (web or worker) that registered itself, so ``status`` and
+    ``restart`` know every host. The leader is the host whose worker ran the latest pass."""
+
+    class Role(models.TextChoices):
+        WEB = "web", "web"
+        WORKER = "worker", "worker"
+
+    host = models.CharField(max_length=255)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    pid = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["host", "role"]
+        constraints = [models.UniqueConstraint(fields=["host", "role", "pid"], name="control_plane_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.role} on {self.host} (pid {self.pid})"
+
+    @classmethod
+    def heartbeat(cls, role: str) -> None:
+        """Register or refresh this process (called every few seconds by web and worker)."""
+        import os
+        import socket
+
+        now = timezone.now()
+        updated = cls.objects.filter(host=socket.gethostname(), role=role, pid=os.getpid()).update(last_seen_at=now)
+        if not updated:
+            cls.objects.get_or_create(host=socket.gethostname(), role=role, pid=os.getpid(),
+                                      defaults={"started_at": now, "last_seen_at": now})

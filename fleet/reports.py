@@ -34,7 +34,9 @@ def mark_connected(agent_id: int) -> str:
 
 def mark_disconnected(agent_id: int, session: str) -> None:
     """Mark the agent disconnected unless a newer session has already replaced this one."""
-    Agent.objects.filter(pk=agent_id, session=session).update(connected=False)
+    # The close is the last word heard from it: its replicas stay routable for the route
+    # grace, which covers an agent restarting in place.
+    Agent.objects.filter(pk=agent_id, session=session).update(connected=False, last_seen_at=timezone.now())
     request_pass()
 
 

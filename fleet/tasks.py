@@ -41,6 +41,9 @@ def tick() -> None:
     if not mine:
         return
     try:
+        from fleet.models import ControlPlane
+
+        ControlPlane.heartbeat("worker")
         reconcile()
     finally:
         if not settings.Q_CLUSTER.get("sync"):  # inline tasks (tests) would chain forever

@@ -148,6 +148,10 @@ STATIC_ROOT = DATA_DIR / "static"
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
 }
 
 LOGGING = {
@@ -182,3 +186,5 @@ LLMGW_MAX_BODY_BYTES = env_int("MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_BODY_BYTES
 LLMGW_BACKOFF_BASE_S = env_duration_s("BACKOFF_BASE", 5.0)
 LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)
+LLMGW_AGENT_ROUTE_GRACE_S = env_duration_s("AGENT_ROUTE_GRACE", 12.0)
+LLMGW_CONTROL_PLANE_HEARTBEAT_S = env_duration_s("CONTROL_PLANE_HEARTBEAT", 5.0)

@@ -136,3 +136,21 @@ def test_a_dead_replica_is_a_502_not_a_500(client, make_model):
 def test_get_on_a_post_endpoint_is_a_405_in_openai_shape(client):
     r = client.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+
+
+def test_a_stopped_cluster_answers_503_system_stopped_and_still_lists_models(client, servers, make_model):
+    from fleet.operations import start_cluster, stop_cluster
+
+    serve(make_model("fake-model"), servers["engine"])
+    wait_routed(client, "fake-model")
+    stop_cluster("test")
+    try:
+        def stopped():
+            return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": []}).status_code == 503
+        wait_until(stopped, timeout_s=5, what="the stop to reach the gateway")
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/anything/else"):
+            r = client.post(path, json={"model": "fake-model"})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "system_stopped", path
+        assert "fake-model" in [m["id"] for m in client.get("/v1/models").json()["data"]]
+    finally:
+        start_cluster()

@@ -43,7 +43,7 @@ class AgentConfig:
     port_min: int = 20000
     port_max: int = 20999
     stop_grace_s: float = 10.0
-    readiness_poll_s: float = 0.25
+    readiness_poll_s: float = 0.5  # the longest pause between readiness checks
     load_poll_s: float = 5.0
 
     @property
@@ -68,6 +68,24 @@ def process_start_time(pid: int) -> str | None:
     except OSError:
         return None
     return data.rsplit(")", 1)[1].split()[19]
+
+
+def process_alive(pid: int, start_time: str | None) -> bool:
+    """True if ``pid`` is the process that started at ``start_time`` and has not exited. An
+    adopted engine is still our child after an in-place restart (exec keeps the pid): once
+    it exits it is a zombie until reaped, so zombies are reaped and count as dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    if fields[19] != start_time:
+        return False
+    if fields[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
 
 
 def reap_children() -> None:
@@ -134,7 +152,7 @@ class Engine:
             return self.proc.poll() is None
         if self.pid is None:
             return False
-        return process_start_time(self.pid) == self.start_time
+        return process_alive(self.pid, self.start_time)
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None:
@@ -269,12 +287,14 @@ class EngineManager:
             engine.state = S.STARTING
             self._changed()
             deadline = time.monotonic() + float(spec["startup_timeout_s"])
+            pause = 0.02  # poll fast at first: somebody may be holding a request for this
             while not await self._ready(engine):
                 if not engine.alive():
                     raise _EngineFailed(f"engine exited with code {engine.proc.returncode} while starting")
                 if time.monotonic() > deadline:
                     raise _EngineFailed(f"not ready after {spec['startup_timeout_s']} s")
-                await asyncio.sleep(self.config.readiness_poll_s)
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, self.config.readiness_poll_s)
             engine.state = S.READY
             log.info("replica %s ready on port %s", engine.replica_id, engine.port)
             self._changed()

@@ -1,11 +1,17 @@
 """Subcommands of ``manage.py llmgw``. Each module has HELP, add_arguments(parser) and
-run(options, stdout, stderr) -> exit code (0 ok, 1 failed, 2 bad usage)."""
+run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 failed,
+2 bad usage, 3 no systemd)."""
 
-from llmgw.cli import agent, agents, explain, up
+from llmgw.cli import agent, agents, explain, restart, service, start, status, stop, up
 
 COMMANDS = {
     "up": up,
+    "status": status,
+    "stop": stop,
+    "start": start,
+    "restart": restart,
+    "service": service,
+    "explain": explain,
     "agent": agent,
     "agents": agents,
-    "explain": explain,
 }

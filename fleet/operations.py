@@ -1,0 +1,144 @@
+"""Operating the whole cluster: stop, start, status, agent restarts.
+
+The stopped flag lives in ``ClusterSettings`` and is live: the reconciler then wants every
+model at zero (engines drained and stopped, GPUs freed) and the gateway answers 503
+``system_stopped``; nothing in the catalog changes.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from catalog.models import ClusterSettings, Model
+from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
+from fleet.reconciler import request_pass
+from fleet.states import HOLDS_RESOURCES, ReplicaState
+
+
+def stop_cluster(by: str) -> bool:
+    """Set the stopped flag (``by`` names who did it); False if it was already set."""
+    with transaction.atomic():
+        changed = ClusterSettings.objects.filter(pk=1, stopped=False).update(
+            stopped=True, stopped_at=timezone.now(), stopped_by=by[:150]
+        )
+        if not changed and not ClusterSettings.objects.filter(pk=1).exists():
+            ClusterSettings.objects.create(pk=1, stopped=True, stopped_at=timezone.now(), stopped_by=by[:150])
+            changed = 1
+        request_pass()
+    return bool(changed)
+
+
+def start_cluster() -> bool:
+    """Clear the stopped flag; False if the cluster was already serving."""
+    ClusterSettings.get_solo()
+    with transaction.atomic():
+        changed = ClusterSettings.objects.filter(pk=1, stopped=True).update(stopped=False, stopped_at=None, stopped_by="")
+        request_pass()
+    return bool(changed)
+
+
+def replicas_running() -> int:
+    """Replicas still holding resources (placing … stopping)."""
+    return Replica.objects.filter(state__in=[s.value for s in HOLDS_RESOURCES]).count()
+
+
+def request_agent_restarts() -> list[str]:
+    """Ask every connected agent to restart in place (engines keep serving). Returns their
+    names. Delivered by the watcher of the web process holding each websocket."""
+    agents = list(Agent.objects.filter(connected=True).order_by("name"))
+    Agent.objects.filter(pk__in=[a.pk for a in agents]).update(restart_generation=F("restart_generation") + 1)
+    if settings.REDIS_URL:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        from fleet.consumers import agent_group
+
+        layer = get_channel_layer()
+        for agent in agents:
+            async_to_sync(layer.group_send)(agent_group(agent.pk), {"type": "agent.restart"})
+    return [a.name for a in agents]
+
+
+def leader_host() -> str:
+    """Host of the worker that ran the latest reconcile pass ('' if none yet)."""
+    holder = PassLock.objects.filter(pk=1).values_list("last_pass_holder", flat=True).first() or ""
+    return holder.rsplit(":", 1)[0]
+
+
+def control_planes(fresh_s: float | None = None) -> list[dict]:
+    """Registered control-plane processes heard from recently, one entry per host and role."""
+    fresh_s = fresh_s or max(30.0, 6 * settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S)
+    since = timezone.now() - timedelta(seconds=fresh_s)
+    leader = leader_host()
+    seen: dict[tuple[str, str], dict] = {}
+    for cp in ControlPlane.objects.filter(last_seen_at__gte=since).order_by("-last_seen_at"):
+        key = (cp.host, cp.role)
+        if key not in seen:
+            seen[key] = {"host": cp.host, "role": cp.role, "pid": cp.pid, "last_seen_at": cp.last_seen_at.isoformat(),
+                         "leader": cp.host == leader}
+    return sorted(seen.values(), key=lambda c: (c["host"], c["role"]))
+
+
+def cluster_status() -> dict:
+    """Everything ``llmgw status`` shows, as plain data (JSON-ready)."""
+    cluster = ClusterSettings.get_solo()
+    gpus_by_agent: dict[int, list[Gpu]] = {}
+    for gpu in Gpu.objects.all():
+        gpus_by_agent.setdefault(gpu.agent_id, []).append(gpu)
+    holding = [s.value for s in HOLDS_RESOURCES]
+    used: dict[int, set[int]] = {}
+    for agent_id, indices in Replica.objects.filter(state__in=holding).values_list("agent_id", "gpu_indices"):
+        used.setdefault(agent_id, set()).update(indices or [])
+    agents = []
+    heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_LOST_AFTER_S)
+    for agent in Agent.objects.all():
+        gpus = gpus_by_agent.get(agent.pk, [])
+        # The flag alone can be stale (a web process killed without closing its sockets).
+        alive = agent.connected and agent.last_seen_at is not None and agent.last_seen_at >= heard_since
+        agents.append({
+            "name": agent.name, "connected": alive, "cordoned": agent.cordoned,
+            "address": agent.address,
+            "last_seen_at": agent.last_seen_at.isoformat() if agent.last_seen_at else None,
+            "gpus_total": len(gpus), "gpus_used": len(used.get(agent.pk, set())),
+            "cpu_cores": agent.cpu_cores, "memory_mib": agent.memory_mib,
+        })
+    states = {s.model_id: s for s in ModelState.objects.all()}
+    ready = dict(
+        (row[0], row[1]) for row in _count_by_model(ReplicaState.READY.value)
+    )
+    models = []
+    for model in Model.objects.all():
+        state = states.get(model.pk)
+        desired = state.desired if state else 0
+        entry = {"name": model.name, "desired": desired, "ready": ready.get(model.pk, 0),
+                 "on_demand": model.on_demand, "external": model.is_external}
+        if entry["ready"] != desired or (state and state.unservable):
+            entry["reason"] = state.reason if state else "not looked at by a reconcile pass yet"
+        models.append(entry)
+    replicas = [
+        {"id": r.pk, "model": r.model.name, "agent": r.agent.name, "state": r.state, "port": r.port,
+         "gpus": r.gpu_indices}
+        for r in Replica.objects.filter(state__in=holding + [ReplicaState.LOST.value]).select_related("model", "agent").order_by("id")
+    ]
+    return {
+        "serving": not cluster.stopped,
+        "stopped": cluster.stopped,
+        "stopped_at": cluster.stopped_at.isoformat() if cluster.stopped_at else None,
+        "stopped_by": cluster.stopped_by or None,
+        "leader": leader_host() or None,
+        "control_planes": control_planes(),
+        "agents": agents,
+        "models": models,
+        "replicas": replicas,
+    }
+
+
+def _count_by_model(state: str):
+    from django.db.models import Count
+
+    return Replica.objects.filter(state=state).values_list("model_id").annotate(n=Count("id"))

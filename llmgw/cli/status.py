@@ -1,0 +1,36 @@
+"""``llmgw status``: the cluster at a glance."""
+
+from fleet.operations import cluster_status
+from llmgw.cli.output import OK, console, table, write_json
+
+HELP = "Show the cluster: serving or STOPPED, control planes, agents, models, replicas (--json for scripts)."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(options, stdout, stderr) -> int:
+    status = cluster_status()
+    if options["json"]:
+        write_json(stdout, status)
+        return OK
+    out = console(stdout)
+    if status["stopped"]:
+        out.print(f"[bold red]STOPPED[/] since {status['stopped_at']} by {status['stopped_by'] or 'unknown'} "
+                  "— `llmgw start` to serve again")
+    else:
+        out.print("[bold green]serving[/]" + (f" — leader {status['leader']}" if status["leader"] else ""))
+    out.print(table("control planes", ["host", "role", "pid", "leader", "last seen"],
+                    [[c["host"], c["role"], c["pid"], "yes" if c["leader"] else "", c["last_seen_at"]]
+                     for c in status["control_planes"]]))
+    out.print(table("agents", ["name", "connected", "GPUs used/total", "CPU cores", "RAM MiB", "address"],
+                    [[a["name"], "yes" if a["connected"] else "NO", f"{a['gpus_used']}/{a['gpus_total']}",
+                      a["cpu_cores"], a["memory_mib"], a["address"]] for a in status["agents"]]))
+    out.print(table("models", ["model", "desired", "ready", "why"],
+                    [[m["name"] + (" (external)" if m["external"] else " (on demand)" if m["on_demand"] else ""),
+                      m["desired"], m["ready"], m.get("reason", "")] for m in status["models"]]))
+    out.print(table("replicas", ["id", "model", "agent", "state", "port", "GPUs"],
+                    [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"]))]
+                     for r in status["replicas"]]))
+    return OK

@@ -1,0 +1,36 @@
+"""``llmgw stop``: stop serving; every engine drains and stops, every GPU is freed."""
+
+import getpass
+import time
+
+from fleet.operations import replicas_running, stop_cluster
+from llmgw.cli.output import FAILED, OK
+
+HELP = ("Stop the cluster: every replica drains and stops, /v1/ answers 503 system_stopped. "
+        "The catalog is untouched; `llmgw start` brings it back. Exit 0 when stopped (or already), "
+        "1 if --wait timed out.")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--by", default=None, help="who is stopping it (default: your user name)")
+    parser.add_argument("--wait", action="store_true", help="wait until every engine has stopped")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="how long --wait waits")
+
+
+def run(options, stdout, stderr) -> int:
+    by = options["by"] or getpass.getuser()
+    changed = stop_cluster(by)
+    what = "cluster stopped" if changed else "cluster was already stopped"
+    stdout.write(f"{what} (by {by}); engines drain and stop; /v1/ answers 503 system_stopped\n")
+    if not options["wait"]:
+        return OK
+    deadline = time.monotonic() + options["timeout_s"]
+    while (left := replicas_running()) and time.monotonic() < deadline:
+        stdout.write(f"\r  {left} replica(s) still stopping…", ending="")
+        stdout.flush()
+        time.sleep(0.5)
+    if left:
+        stderr.write(f"\n{left} replica(s) still running after {options['timeout_s']:.0f} s\n")
+        return FAILED
+    stdout.write("\nevery engine stopped; GPUs are free\n")
+    return OK

@@ -1,0 +1,200 @@
+"""Stopping, starting and showing the cluster: the flag, the planner's answer, the CLI's
+output (human and --json), exit codes, and the admin/API doors to the same operations."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+from datetime import datetime, timezone as tz
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from catalog.models import ClusterSettings, Model
+from fleet import planner
+from fleet.models import Agent, ModelState, Replica
+from fleet.operations import start_cluster, stop_cluster
+from fleet.reconciler import reconcile
+
+pytestmark = pytest.mark.django_db
+
+
+def llmgw(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("llmgw", *args, stdout=out, stderr=err)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def fleet(make_model):
+    agent = Agent.objects.create(name="cpu-1", connected=True, last_seen_at=timezone.now(), cpu_cores=8,
+                                 memory_mib=16384, address="127.0.0.1")
+    always = make_model("always", min_replicas=2, max_replicas=2)
+    od = make_model("lazy", min_replicas=0, max_replicas=1, on_demand=True)
+    return agent, always, od
+
+
+def test_stop_wants_zero_of_every_model_including_min_and_scheduled_ones():
+    models = (planner.ModelView(1, "min2", planner.ProfileView(1, cpu_cores=1), min_replicas=2, max_replicas=2),
+              planner.ModelView(2, "windowed", planner.ProfileView(1, cpu_cores=1), window_min=3, max_replicas=3),
+              planner.ModelView(3, "wanted", planner.ProfileView(1, cpu_cores=1), on_demand=True,
+                                wanted_at=datetime(2026, 1, 1, tzinfo=tz.utc)))
+    now = datetime(2026, 1, 1, tzinfo=tz.utc)
+    for m in models:
+        assert planner.desired_replicas(m, planner.Policy(stopped=True), now) == 0
+
+
+def test_stop_drains_every_engine_and_changes_no_model(fleet):
+    agent, always, od = fleet
+    before = list(Model.objects.order_by("pk").values())
+    reconcile()
+    Replica.objects.filter(model=always).update(state="ready", port=1)
+    code, out, _ = llmgw("stop", "--by", "ops")
+    assert code == 0 and "cluster stopped (by ops)" in out
+    reconcile()
+    assert set(Replica.objects.filter(model=always).values_list("state", flat=True)) == {"draining"}
+    assert ModelState.objects.get(model=always).desired == 0
+    assert list(Model.objects.order_by("pk").values()) == before
+    cluster = ClusterSettings.get_solo()
+    assert cluster.stopped and cluster.stopped_by == "ops" and cluster.stopped_at is not None
+
+
+def test_start_places_again_and_on_demand_models_stay_at_zero(fleet):
+    agent, always, od = fleet
+    stop_cluster("ops")
+    reconcile()
+    assert not Replica.objects.exists()
+    code, out, _ = llmgw("start")
+    assert code == 0 and "cluster started" in out
+    reconcile()
+    assert Replica.objects.filter(model=always).count() == 2
+    assert Replica.objects.filter(model=od).count() == 0
+    assert not ClusterSettings.get_solo().stopped
+
+
+def test_stop_and_start_twice_say_so():
+    assert stop_cluster("a") and not stop_cluster("b")
+    assert ClusterSettings.get_solo().stopped_by == "a"
+    assert start_cluster() and not start_cluster()
+
+
+def test_status_of_a_serving_cluster(fleet):
+    reconcile()
+    code, out, _ = llmgw("status")
+    assert code == 0
+    assert "serving" in out and "STOPPED" not in out
+    assert "cpu-1" in out and "always" in out and "lazy (on demand)" in out
+    data = json.loads(llmgw("status", "--json")[1])
+    assert data["serving"] is True and data["stopped"] is False
+    assert {m["name"]: (m["desired"], m["ready"]) for m in data["models"]} == {"always": (2, 0), "lazy": (0, 0)}
+    assert "placed on cpu-1" in next(m for m in data["models"] if m["name"] == "always")["reason"]
+    assert data["agents"][0] == {**data["agents"][0], "name": "cpu-1", "connected": True, "cpu_cores": 8}
+    assert len(data["replicas"]) == 2
+
+
+def test_status_of_a_stopped_cluster(fleet):
+    stop_cluster("night-shift")
+    reconcile()
+    code, out, _ = llmgw("status")
+    assert code == 0 and "STOPPED" in out and "night-shift" in out
+    data = json.loads(llmgw("status", "--json")[1])
+    assert data["stopped"] is True and data["serving"] is False and data["stopped_by"] == "night-shift"
+    assert all(m["desired"] == 0 for m in data["models"])
+
+
+def test_stop_wait_times_out_with_exit_code_1(fleet):
+    agent, always, _ = fleet
+    Replica.objects.create(model=always, profile=always.profile, agent=agent, state="ready", port=1)
+    code, out, err = llmgw("stop", "--wait", "--timeout-s", "0.3")
+    assert code == 1 and "still running" in err
+
+
+def test_every_command_has_help():
+    from llmgw.cli import COMMANDS
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            call_command("llmgw", name, "--help", stdout=io.StringIO())
+        assert exc.value.code == 0
+
+
+def fake_bin(tmp_path, name: str, body: str) -> None:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_service_without_systemd_is_a_clear_message_and_exit_3(tmp_path, monkeypatch):
+    fake_bin(tmp_path, "systemctl", 'echo offline; exit 1\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    code, out, err = llmgw("service", "status")
+    assert code == 3 and "systemd is not running this machine" in err and "Traceback" not in err
+
+
+def test_service_drives_systemctl(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    fake_bin(tmp_path, "systemctl", f'echo "$@" >> {calls}\n[ "$1" = is-system-running ] && echo running\nexit 0\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert llmgw("service", "restart", "--only", "web,worker")[0] == 0
+    assert "restart llmgw-web.service llmgw-worker.service" in calls.read_text()
+
+
+def test_service_install_writes_units_with_kill_mode_process_for_the_agent(tmp_path, monkeypatch):
+    fake_bin(tmp_path, "systemctl", '[ "$1" = is-system-running ] && echo running\nexit 0\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    units = tmp_path / "units"
+    assert llmgw("service", "install", "--dir", str(units))[0] == 0
+    agent_unit = (units / "llmgw-agent.service").read_text()
+    assert "KillMode=process" in agent_unit and "llmgw agent" in agent_unit
+    assert "qcluster" in (units / "llmgw-worker.service").read_text()
+
+
+def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_path, monkeypatch, fleet):
+    import socket
+
+    from fleet.models import ControlPlane, PassLock
+
+    calls = tmp_path / "calls"
+    fake_bin(tmp_path, "ssh", f'echo "ssh $@" >> {calls}\nexit 0\n')
+    fake_bin(tmp_path, "systemctl", f'[ "$1" = is-system-running ] && echo running && exit 0\necho "systemctl $@" >> {calls}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    me = socket.gethostname()
+    for host, role in [("cp-leader", "worker"), ("cp-b", "web"), ("cp-a", "web"), (me, "web"), ("cp-leader", "web")]:
+        ControlPlane.objects.create(host=host, role=role, pid=1)
+    PassLock.ensure()
+    PassLock.objects.filter(pk=1).update(last_pass_holder="cp-leader:4242")
+    # The agent "comes back" at once: a connected session newer than the request.
+    agent = fleet[0]
+    Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() + timezone.timedelta(seconds=5))
+    code, out, err = llmgw("restart", "--timeout-s", "2")
+    assert code == 0, err
+    assert out.index("agents: asked 1") < out.index("cp-a") < out.index("cp-b") < out.index("cp-leader")
+    lines = calls.read_text().splitlines()
+    assert [line.split()[3] if line.startswith("ssh") else "self" for line in lines] == ["cp-a", "cp-b", "cp-leader", "self"]
+    assert lines[-1] == "systemctl restart llmgw-web.service llmgw-worker.service"
+    assert Agent.objects.get(pk=agent.pk).restart_generation == 1
+
+
+def test_admin_stops_the_cluster_only_after_confirmation(admin_client):
+    ClusterSettings.get_solo()
+    page = admin_client.get("/admin/catalog/clustersettings/stop/")
+    assert page.status_code == 200 and b"Yes, stop the cluster" in page.content
+    assert not ClusterSettings.get_solo().stopped
+    admin_client.post("/admin/catalog/clustersettings/stop/")
+    assert ClusterSettings.get_solo().stopped and ClusterSettings.get_solo().stopped_by == "admin"
+    admin_client.post("/admin/catalog/clustersettings/start/")
+    assert not ClusterSettings.get_solo().stopped
+
+
+def test_rest_api_stops_and_starts_for_staff_only(admin_client, client):
+    assert client.post("/api/cluster/stop/").status_code in (401, 403)
+    assert admin_client.post("/api/cluster/stop/").json() == {"stopped": True, "changed": True}
+    assert admin_client.get("/api/cluster/").json()["stopped"] is True
+    assert admin_client.post("/api/cluster/start/").json()["stopped"] is False
