@@ -43,7 +43,7 @@ class AgentConfig:
     port_min: int = 20000
     port_max: int = 20999
     stop_grace_s: float = 10.0
-    readiness_poll_s: float = 0.5  # the longest pause between readiness checks
+    readiness_poll_s: float = 0.1  # the longest pause between readiness checks (local GETs are cheap)
     load_poll_s: float = 5.0
 
     @property
