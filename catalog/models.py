@@ -13,6 +13,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from catalog import schedules
 from catalog.presets import PLACEHOLDERS, PRESETS, template_fields
 from catalog.weights import parse_weights_source
 
@@ -302,3 +303,68 @@ class ClusterSettings(models.Model):
     async def aget_solo(cls) -> "ClusterSettings":
         obj, _ = await cls.objects.aget_or_create(pk=1)
         return obj
+
+
+class ScheduleWindow(models.Model):
+    """Office hours for a model: on these weekdays, between ``start`` and ``end`` local
+    time (cluster time zone; end before start crosses midnight), the model runs at least
+    ``min_replicas`` and at most ``max_replicas`` (if set) instead of its own min/max."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="schedule_windows")
+    weekdays = models.CharField(max_length=64, default="mon-fri",
+                                help_text="mon,tue,… or ranges (mon-fri), daily, weekdays, weekends.")
+    start = models.TimeField(help_text="Local time (cluster time zone).")
+    end = models.TimeField(help_text="Local time; before the start means it ends the next day.")
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the model's own max.")
+
+    class Meta:
+        ordering = ["model", "start"]
+
+    def __str__(self) -> str:
+        return schedules.describe(self.as_window())
+
+    def as_window(self) -> schedules.Window:
+        try:
+            days = schedules.parse_weekdays(self.weekdays)
+        except ValueError:
+            days = ()
+        return schedules.Window(days, self.start, self.end, self.min_replicas, self.max_replicas, self.pk)
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        try:
+            schedules.parse_weekdays(self.weekdays)
+        except ValueError as exc:
+            errors["weekdays"] = [str(exc)]
+        if self.start is not None and self.end is not None and self.start == self.end:
+            errors["end"] = ["A window needs an end different from its start."]
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            errors["max_replicas"] = ["Max must be at least the window's min."]
+        if not errors and self.model_id and self.start is not None and self.end is not None:
+            siblings = [w.as_window() for w in ScheduleWindow.objects.filter(model_id=self.model_id).exclude(pk=self.pk)]
+            clash = [b for a, b in schedules.overlapping([self.as_window()] + siblings) if a.id == self.pk]
+            if clash:
+                errors["start"] = [f"Overlaps the window {schedules.describe(clash[0])}."]
+        if errors:
+            raise ValidationError(errors)
+
+
+class Benchmark(models.Model):
+    """Measured capacity of a model on a profile: the highest concurrency per replica that
+    still met the SLO (``llmgw bench``). Load scaling uses it (DESIGN, Reconciler rules)."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="benchmarks")
+    profile = models.ForeignKey(Profile, on_delete=models.CASCADE, related_name="benchmarks")
+    max_concurrency = models.PositiveIntegerField(help_text="Concurrent requests per replica within the SLO.")
+    slo_ttft_p95_ms = models.FloatField()
+    slo_tpot_p95_ms = models.FloatField(null=True, blank=True)
+    measured_at = models.DateTimeField(auto_now=True)
+    method = models.TextField(blank=True, default="", help_text="How it was measured.")
+    steps = models.JSONField(default=list, blank=True, help_text="Each step's figures.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "profile"], name="benchmark_per_model_profile")]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.profile}: {self.max_concurrency} concurrent"

@@ -127,6 +127,7 @@ class Replica(models.Model):
     #: Engine load from its metrics; None = unknown.
     load_running = models.PositiveIntegerField(null=True, blank=True)
     load_waiting = models.PositiveIntegerField(null=True, blank=True)
+    load_reported_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ReplicaQuerySet.as_manager()
@@ -283,3 +284,19 @@ class ControlPlane(models.Model):
         if not updated:
             cls.objects.get_or_create(host=socket.gethostname(), role=role, pid=os.getpid(),
                                       defaults={"started_at": now, "last_seen_at": now})
+
+
+class ScalingEvent(models.Model):
+    """One load-scaling step: a model went from one replica count to another, and why."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="scaling_events")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    from_replicas = models.PositiveIntegerField()
+    to_replicas = models.PositiveIntegerField()
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.from_replicas} → {self.to_replicas} ({self.reason})"

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, ReplicaState
 
 S = ReplicaState
@@ -30,6 +31,7 @@ class Policy:
     agent_lost_after_s: float = 20.0
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
+    scaling: ScalingPolicy = ScalingPolicy()
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class ModelView:
     window_min: int | None = None
     window_max: int | None = None
     extra_replicas: int = 0
+    busy_since: datetime | None = None
+    quiet_since: datetime | None = None
+    #: Load over its ready replicas (None: unknown) and measured capacity per replica.
+    load: Load | None = None
+    measured_per_replica: int | None = None
     failures: tuple[datetime, ...] = ()
     last_error: str = ""
 
@@ -155,6 +162,9 @@ class ModelOutcome:
     unservable: bool = False
     #: Its on-demand demand is over (idle, or evicted to make room): clear ``wanted_at``.
     forget_demand: bool = False
+    #: Load-scaling memory to store, and the step taken this pass (from, to, why) if any.
+    scaling: ScalingState = field(default_factory=ScalingState)
+    scaled: tuple[int, int, str] | None = None
 
 
 @dataclass
@@ -394,6 +404,18 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     by_model: dict[int, list[ReplicaView]] = defaultdict(list)
     for r in snapshot.replicas:
         by_model[r.model_id].append(r)
+    # Load scaling first: it moves each model's extra replicas, which desired() reads.
+    scaled_models = []
+    steps = {}
+    for m in snapshot.models:
+        base = base_replicas(m, policy, now) if not policy.stopped else 0
+        ceiling = m.window_max if m.window_max else m.max_replicas
+        starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
+        step = evaluate(base, ceiling, m.load, m.measured_per_replica, starting,
+                        ScalingState(m.extra_replicas, m.busy_since, m.quiet_since), now, policy.scaling)
+        steps[m.id] = step
+        scaled_models.append(replace(m, extra_replicas=step.state.extra))
+    snapshot = replace(snapshot, models=tuple(scaled_models))
     models = {m.id: m for m in snapshot.models}
     desired = {m.id: desired_replicas(m, policy, now) for m in snapshot.models}
     forgotten: set[int] = set()
@@ -405,7 +427,9 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         return (m.on_demand, m.wanted_at or now, m.name)
 
     for m in sorted(snapshot.models, key=order_key):
-        outcome = ModelOutcome(desired=desired[m.id])
+        step = steps[m.id]
+        outcome = ModelOutcome(desired=desired[m.id], scaling=step.state,
+                               scaled=(step.from_replicas, step.to_replicas, step.why) if step.moved else None)
         result.models[m.id] = outcome
         if m.external:
             outcome.reason = "external: served at its base URL, nothing to place"

@@ -19,7 +19,10 @@ from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet import planner
-from fleet.models import Agent, Gpu, ModelState, PassLock, Replica, UsageReport
+from catalog.models import Benchmark, ScheduleWindow
+from catalog.schedules import active_window
+from fleet.models import Agent, Gpu, ModelState, PassLock, Replica, ScalingEvent, UsageReport
+from fleet.scaling import Load, ScalingPolicy
 from fleet.states import HOLDS_RESOURCES, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -34,7 +37,13 @@ def holder_id() -> str:
 
 
 def _policy(cluster: ClusterSettings) -> planner.Policy:
+    scaling = ScalingPolicy(
+        scale_up_waiting=cluster.scale_up_waiting,
+        scale_up_after_s=float(cluster.scale_up_after_s),
+        scale_down_after_s=float(cluster.scale_down_after_s),
+    )
     return planner.Policy(
+        scaling=scaling,
         stopped=cluster.stopped,
         default_idle_timeout_s=float(cluster.default_idle_timeout_s),
         min_idle_before_eviction_s=float(cluster.min_idle_before_eviction_s),
@@ -81,8 +90,15 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         ready = last_ready.get(r.model_id)
         if ready is None or r.state_changed_at > ready:
             failures[r.model_id].append(r)
+    in_flight = fresh_in_flight(now)
+    windows = defaultdict(list)
+    for w in ScheduleWindow.objects.all():
+        windows[w.model_id].append(w.as_window())
+    measured = {(b.model_id, b.profile_id): b.max_concurrency for b in Benchmark.objects.all()}
+    loads = _loads(now, in_flight)
     models = []
     for m in Model.objects.select_related("profile"):
+        window = active_window(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
         p = m.profile
         profile = None
         if p is not None:
@@ -96,11 +112,16 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 idle_timeout_s=float(m.idle_timeout_s) if m.idle_timeout_s else None,
                 external=m.is_external, wanted_at=state.wanted_at if state else None,
                 extra_replicas=state.extra_replicas if state else 0,
+                busy_since=state.busy_since if state else None,
+                quiet_since=state.quiet_since if state else None,
+                window_min=window.min_replicas if window else None,
+                window_max=window.max_replicas if window else None,
+                load=loads.get(m.id),
+                measured_per_replica=measured.get((m.id, m.profile_id)),
                 failures=tuple(f.state_changed_at for f in fails[-10:]),
                 last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
             )
         )
-    in_flight = fresh_in_flight(now)
     live_states = [s.value for s in HOLDS_RESOURCES]
     replicas = tuple(
         planner.ReplicaView(
@@ -112,6 +133,27 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         for r in Replica.objects.filter(state__in=live_states)
     )
     return planner.Snapshot(_policy(cluster), agents, tuple(models), replicas)
+
+
+def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:
+    """Each model's load over its ready replicas. From the engines' metrics where the
+    profile declares them (stale after LLMGW_LOAD_STALE → unknown); else the gateways'
+    fresh in-flight counts as running with nothing known to wait. Any replica unknown →
+    the model's load is unknown."""
+    stale_before = now - timedelta(seconds=settings.LLMGW_LOAD_STALE_S)
+    acc: dict[int, list] = {}
+    for r in Replica.objects.filter(state=ReplicaState.READY.value).select_related("profile"):
+        entry = acc.setdefault(r.model_id, [0, 0, 0])  # replicas, running, waiting (None = unknown)
+        entry[0] += 1
+        if r.profile.metric_running or r.profile.metric_waiting:
+            fresh = r.load_reported_at is not None and r.load_reported_at >= stale_before
+            running = r.load_running if fresh else None
+            waiting = r.load_waiting if fresh else None
+        else:
+            running, waiting = in_flight.get(r.pk), 0
+        entry[1] = None if entry[1] is None or running is None else entry[1] + running
+        entry[2] = None if entry[2] is None or waiting is None else entry[2] + waiting
+    return {model_id: Load(n, running, waiting) for model_id, (n, running, waiting) in acc.items()}
 
 
 def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
@@ -146,7 +188,14 @@ def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
             "desired": outcome.desired,
             "reason": outcome.reason,
             "unservable": outcome.unservable,
+            "extra_replicas": outcome.scaling.extra,
+            "busy_since": outcome.scaling.busy_since,
+            "quiet_since": outcome.scaling.quiet_since,
         }
+        if outcome.scaled is not None:
+            before, after, why = outcome.scaled
+            ScalingEvent.objects.create(model_id=model_id, at=now, from_replicas=before, to_replicas=after, reason=why)
+            log.info("scaling model %s: %d → %d: %s", model_id, before, after, why)
         state, _ = ModelState.objects.get_or_create(model_id=model_id)
         changed = [k for k, v in fields.items() if getattr(state, k) != v]
         for k in changed:

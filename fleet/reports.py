@@ -151,9 +151,11 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
                 value = report.get(name)
                 if value is not None and getattr(replica, name) != value:
                     fields[name] = int(value)
-            for src, dst in (("running", "load_running"), ("waiting", "load_waiting")):
-                if src in report and getattr(replica, dst) != report[src]:
-                    fields[dst] = report[src]
+            if "running" in report or "waiting" in report:
+                # Unknown stays unknown (None); the stamp makes stale reports unknown too.
+                fields["load_running"] = report.get("running")
+                fields["load_waiting"] = report.get("waiting")
+                fields["load_reported_at"] = timezone.now()
             error = str(report.get("error") or "")[-4000:]
             target = _target_state(ReplicaState(replica.state), str(report.get("state", "")))
             if target == S.FAILED and error:

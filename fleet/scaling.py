@@ -1,0 +1,118 @@
+"""Load scaling between a model's base and its ceiling: pure rules on an injected clock.
+
+The seed's reconciler is the reference, with one deliberate departure (DESIGN): a load that
+is missing, stale or unparsable is *unknown*, which neither scales up nor down and resets
+the model's busy/quiet timers — the seed read it as zero, which scales down under a broken
+metrics endpoint.
+
+* Busy: requests waiting at the engines per ready replica ≥ the threshold, or (with a
+  measured capacity) more requests in flight than capacity × replicas. Busy for
+  ``scale_up_after_s`` adds one replica, never past the ceiling, never while one of the
+  model's replicas is still placing or starting; the timer then restarts.
+* Quiet: nothing waiting, a replica added by load to take back, and (with a measured
+  capacity) the remaining replicas would stay under 70% of theirs. Quiet for
+  ``scale_down_after_s`` takes one back; the timer then restarts.
+* Anything else resets both timers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+#: How full the replicas left after a scale-down may be, of their measured capacity.
+SCALE_DOWN_HEADROOM = 0.7
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    scale_up_waiting: float = 1.0
+    scale_up_after_s: float = 30.0
+    scale_down_after_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """A model's load over its ready replicas. ``running``/``waiting`` None = unknown."""
+
+    replicas: int
+    running: int | None
+    waiting: int | None
+
+    @property
+    def known(self) -> bool:
+        return self.running is not None and self.waiting is not None
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    """What a model remembers between passes (stored in ModelState)."""
+
+    extra: int = 0
+    busy_since: datetime | None = None
+    quiet_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """The outcome of one evaluation: the new state, and a sentence when it changed the
+    replica count (``from_replicas → to_replicas``) — recorded as a scaling event."""
+
+    state: ScalingState
+    from_replicas: int = 0
+    to_replicas: int = 0
+    why: str = ""
+
+    @property
+    def moved(self) -> bool:
+        return self.from_replicas != self.to_replicas
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: int | None, starting: bool,
+             state: ScalingState, now: datetime, policy: ScalingPolicy) -> Step:
+    """One pass of the scaling rules for one model (see the module docstring).
+
+    ``base``: replicas without load; ``ceiling``: max now (window max or model max);
+    ``measured_per_replica``: benchmarked max concurrency for the profile in use, if any;
+    ``starting``: a replica of the model is still placing, downloading or starting.
+    """
+    if base == 0 or ceiling <= base:
+        return Step(ScalingState())
+    extra = min(state.extra, ceiling - base)
+    current = base + extra
+    if load is None or not load.known:
+        return Step(ScalingState(extra))  # unknown: no step either way, timers reset
+    replicas = max(load.replicas, 1)
+    waiting_per_replica = load.waiting / replicas
+    in_flight = load.running + load.waiting
+    over_measured = measured_per_replica is not None and in_flight > measured_per_replica * replicas
+    fits_in_fewer = measured_per_replica is None or (
+        load.running <= SCALE_DOWN_HEADROOM * measured_per_replica * max(load.replicas - 1, 0)
+    )
+    if waiting_per_replica >= policy.scale_up_waiting or over_measured:
+        if state.busy_since is None:
+            return Step(ScalingState(extra, busy_since=now))
+        busy_for = (now - state.busy_since).total_seconds()
+        if busy_for >= policy.scale_up_after_s and current < ceiling and not starting:
+            if over_measured and waiting_per_replica < policy.scale_up_waiting:
+                why = (f"{in_flight} in flight over measured {measured_per_replica} × {load.replicas} "
+                       f"for {_fmt(busy_for)}")
+            else:
+                why = f"{waiting_per_replica:.1f} waiting per replica for {_fmt(busy_for)}"
+            return Step(ScalingState(extra + 1, busy_since=now), current, current + 1, "scale up: " + why)
+        return Step(ScalingState(extra, busy_since=state.busy_since))
+    if load.waiting == 0 and extra > 0 and fits_in_fewer:
+        if state.quiet_since is None:
+            return Step(ScalingState(extra, quiet_since=now))
+        quiet_for = (now - state.quiet_since).total_seconds()
+        if quiet_for >= policy.scale_down_after_s:
+            why = f"scale down: quiet for {_fmt(quiet_for)}"
+            if measured_per_replica is not None:
+                why += f" ({load.running} in flight fit in {load.replicas - 1} × {measured_per_replica} at 70%)"
+            return Step(ScalingState(extra - 1, quiet_since=now), current, current - 1, why)
+        return Step(ScalingState(extra, quiet_since=state.quiet_since))
+    return Step(ScalingState(extra))

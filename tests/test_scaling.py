@@ -1,0 +1,122 @@
+"""Load scaling rules on an injected clock (fleet.scaling), and through plan()."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from fleet.planner import AgentView, ModelView, Policy, ProfileView, ReplicaView, Snapshot, plan
+from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
+from fleet.states import ReplicaState as S
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
+POLICY = ScalingPolicy(scale_up_waiting=2.0, scale_up_after_s=30, scale_down_after_s=300)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def run(loads: list[tuple[float, Load | None]], base=1, ceiling=3, measured=None, starting=lambda t: False,
+        state=ScalingState()):
+    """Feed (time, load) samples through evaluate(); return the steps taken and the state."""
+    taken = []
+    for t, load in loads:
+        step = evaluate(base, ceiling, load, measured, starting(t), state, at(t), POLICY)
+        state = step.state
+        if step.moved:
+            taken.append((t, step.from_replicas, step.to_replicas, step.why))
+    return taken, state
+
+
+def busy(replicas=1, waiting_per_replica=2):
+    return Load(replicas, running=4 * replicas, waiting=waiting_per_replica * replicas)
+
+
+def quiet(replicas=2, running=0):
+    return Load(replicas, running=running, waiting=0)
+
+
+def test_waiting_held_for_scale_up_after_adds_one_replica():
+    taken, state = run([(0, busy()), (10, busy()), (29, busy()), (30, busy())])
+    assert [(t, a, b) for t, a, b, _ in taken] == [(30, 1, 2)]
+    assert "2.0 waiting per replica for 30 s" in taken[0][3]
+    assert state.extra == 1 and state.busy_since == at(30)
+
+
+def test_a_spike_shorter_than_scale_up_after_adds_nothing():
+    taken, state = run([(0, busy()), (20, busy()), (25, quiet(1)), (40, busy()), (60, busy())])
+    assert taken == [] and state.extra == 0
+
+
+def test_below_the_threshold_is_not_busy():
+    taken, _ = run([(t, busy(waiting_per_replica=1)) for t in range(0, 120, 10)])
+    assert taken == []
+
+
+def test_no_second_step_while_a_replica_is_still_starting():
+    starting = lambda t: 30 < t < 100  # the replica added at 30 s takes 70 s to start
+    samples = [(t, busy()) for t in range(0, 130, 10)]
+    taken, state = run(samples, starting=starting)
+    assert [t for t, *_ in taken] == [30, 100]  # the second step waits for the first to start
+    assert state.extra == 2
+
+
+def test_never_past_the_ceiling():
+    taken, state = run([(t, busy()) for t in range(0, 400, 10)], ceiling=2)
+    assert [(a, b) for _, a, b, _ in taken] == [(1, 2)] and state.extra == 1
+
+
+def test_a_quiet_spell_takes_one_added_replica_back():
+    taken, state = run([(0, quiet()), (299, quiet()), (300, quiet())], state=ScalingState(extra=1))
+    assert [(t, a, b) for t, a, b, _ in taken] == [(300, 2, 1)]
+    assert "quiet for 5 min" in taken[0][3] and state.extra == 0
+
+
+def test_never_below_base():
+    taken, state = run([(t, quiet(1)) for t in range(0, 1000, 50)], state=ScalingState(extra=0))
+    assert taken == [] and state.extra == 0
+
+
+def test_unknown_load_neither_scales_up_nor_down_and_resets_timers():
+    samples = [(0, busy()), (20, Load(1, None, 3)), (35, busy()), (50, busy())]
+    taken, state = run(samples)
+    assert taken == []  # the busy timer restarted at 35 s
+    taken, state = run([(0, quiet()), (200, Load(2, 0, None)), (310, quiet())], state=ScalingState(extra=1))
+    assert taken == [] and state.extra == 1 and state.quiet_since == at(310)
+    taken, state = run([(0, None), (1000, None)], state=ScalingState(extra=1))
+    assert taken == [] and state == ScalingState(extra=1)
+
+
+def test_measured_capacity_makes_a_model_busy_with_empty_queues():
+    over = Load(2, running=9, waiting=0)  # measured 4 per replica: 9 > 8
+    taken, _ = run([(0, over), (30, over)], measured=4)
+    assert [(a, b) for _, a, b, _ in taken] == [(1, 2)]
+    assert "9 in flight over measured 4 × 2" in taken[0][3]
+    taken, _ = run([(0, Load(2, 8, 0)), (30, Load(2, 8, 0))], measured=4)
+    assert taken == []  # exactly at capacity is not over it
+
+
+def test_seventy_percent_headroom_blocks_a_scale_down():
+    # 3 replicas measured at 4 each; 6 running would leave 2 replicas at 6/8 = 75% > 70%.
+    taken, state = run([(0, quiet(3, running=6)), (400, quiet(3, running=6))], measured=4,
+                       state=ScalingState(extra=2))
+    assert taken == [] and state.extra == 2
+    # 5 running fits in 2 × 4 × 70% = 5.6: the replica is taken back.
+    taken, _ = run([(0, quiet(3, running=5)), (300, quiet(3, running=5))], measured=4, state=ScalingState(extra=2))
+    assert [(a, b) for _, a, b, _ in taken] == [(3, 2)]
+
+
+def test_stopped_or_zero_base_forgets_load_scaling():
+    step = evaluate(0, 3, busy(), None, False, ScalingState(extra=2, busy_since=T0), at(100), POLICY)
+    assert step.state == ScalingState()
+
+
+def test_plan_places_the_replica_a_scale_up_adds():
+    agents = (AgentView(1, "a", last_seen_at=at(99), cpu_cores=8, memory_mib=8192),)
+    profile = ProfileView(1, cpu_cores=1, memory_mib=256)
+    m = ModelView(1, "m", profile, min_replicas=1, max_replicas=3, busy_since=at(0), load=busy())
+    replicas = (ReplicaView(1, 1, 1, S.READY, (), 1, 256, in_flight=4),)
+    result = plan(Snapshot(Policy(scaling=POLICY), agents, (m,), replicas), at(100))
+    assert len(result.places) == 1
+    assert result.models[1].scaled[:2] == (1, 2) and result.models[1].desired == 2
+    assert result.models[1].scaling.extra == 1
