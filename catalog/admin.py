@@ -1,6 +1,47 @@
+from django import forms
 from django.contrib import admin
+from django.db.models import Max
+from django.utils import timezone
 
-from catalog.models import ClusterSettings, Model, Profile
+from catalog import schedules
+from catalog.models import Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
+
+
+class ScheduleWindowFormSet(forms.BaseInlineFormSet):
+    """Rejects windows of one model that overlap each other, across the rows being saved."""
+
+    def clean(self) -> None:
+        super().clean()
+        windows = []
+        for form in self.forms:
+            data = getattr(form, "cleaned_data", None)
+            if not data or data.get("DELETE") or not data.get("start") or not data.get("end"):
+                continue
+            try:
+                days = schedules.parse_weekdays(data.get("weekdays", ""))
+            except ValueError:
+                continue
+            windows.append(schedules.Window(days, data["start"], data["end"], data.get("min_replicas") or 0,
+                                            data.get("max_replicas"), id=len(windows)))
+        clashes = schedules.overlapping(windows)
+        if clashes:
+            a, b = clashes[0]
+            raise forms.ValidationError(
+                f"Schedule windows overlap: {schedules.describe(a)} and {schedules.describe(b)}.")
+
+
+class ScheduleWindowInline(admin.TabularInline):
+    model = ScheduleWindow
+    formset = ScheduleWindowFormSet
+    extra = 0
+    fields = ("weekdays", "start", "end", "min_replicas", "max_replicas")
+
+
+class BenchmarkInline(admin.TabularInline):
+    model = Benchmark
+    extra = 0
+    fields = ("profile", "max_concurrency", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "measured_at", "method")
+    readonly_fields = ("measured_at",)
 
 
 @admin.register(Profile)
@@ -12,7 +53,9 @@ class ProfileAdmin(admin.ModelAdmin):
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at", "status")
+    list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at",
+                    "wanted_since", "last_used", "status")
+    inlines = [ScheduleWindowInline, BenchmarkInline]
     list_filter = ("on_demand", "profile")
     search_fields = ("name", "aliases", "weights")
     list_select_related = ("profile", "fleet_state")
@@ -26,6 +69,19 @@ class ModelAdmin(admin.ModelAdmin):
     @admin.display(description="served")
     def served_at(self, obj: Model) -> str:
         return "external" if obj.is_external else "here"
+
+    @admin.display(description="wanted since")
+    def wanted_since(self, obj: Model):
+        state = getattr(obj, "fleet_state", None)
+        return state.wanted_at if state and state.wanted_at else "-"
+
+    @admin.display(description="last used (idle for)")
+    def last_used(self, obj: Model) -> str:
+        last = obj.replicas.aggregate(t=Max("last_used_at"))["t"]
+        if last is None:
+            return "never told"
+        idle = (timezone.now() - last).total_seconds()
+        return f"{last:%Y-%m-%d %H:%M:%S} ({idle / 60:.0f} min)" if idle >= 120 else f"{last:%H:%M:%S} ({idle:.0f} s)"
 
     @admin.display(description="status")
     def status(self, obj: Model) -> str:
@@ -91,3 +147,10 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(Benchmark)
+class BenchmarkAdmin(admin.ModelAdmin):
+    list_display = ("model", "profile", "max_concurrency", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "measured_at")
+    list_select_related = ("model", "profile")
+    readonly_fields = ("measured_at", "steps")

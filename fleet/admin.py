@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from fleet.models import Agent, Gpu, ModelState, Replica
+from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
 
 
 class GpuInline(admin.TabularInline):
@@ -52,6 +52,18 @@ class ModelStateAdmin(admin.ModelAdmin):
     list_display = ("model", "desired", "wanted_at", "unservable", "reason", "reason_at")
     list_select_related = ("model",)
     readonly_fields = [f.name for f in ModelState._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(ScalingEvent)
+class ScalingEventAdmin(admin.ModelAdmin):
+    list_display = ("at", "model", "from_replicas", "to_replicas", "reason")
+    list_filter = ("model",)
+    list_select_related = ("model",)
+    date_hierarchy = "at"
+    readonly_fields = [f.name for f in ScalingEvent._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

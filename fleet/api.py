@@ -1,26 +1,176 @@
-"""REST API for cluster operations (staff only): status, stop, start."""
+"""REST API for the fleet and cluster operations (staff only): cluster status, stop and
+start; agents (cordon, uncordon, drain); replicas; wanting and evicting on-demand models;
+explain. Thin: each view calls ``fleet.operations`` and shapes the answer."""
 
 from __future__ import annotations
 
-from rest_framework.decorators import api_view
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from fleet.operations import cluster_status, start_cluster, stop_cluster
+from catalog.api import int_param
+from catalog.models import Model
+from fleet.models import Agent, Replica
+from fleet.operations import (
+    cluster_status,
+    drain_agent,
+    evict_model,
+    set_cordoned,
+    start_cluster,
+    stop_cluster,
+    want_model,
+)
+from fleet.serializers import (
+    AgentActionSerializer,
+    AgentCreatedSerializer,
+    AgentSerializer,
+    ClusterActionSerializer,
+    ClusterStatusSerializer,
+    ExplainSerializer,
+    ModelActionSerializer,
+    ReplicaSerializer,
+)
+from fleet.states import ReplicaState
 
 
+@extend_schema(responses=ClusterStatusSerializer)
 @api_view(["GET"])
 def cluster(request):
     """The same summary as ``llmgw status --json``."""
     return Response(cluster_status())
 
 
+@extend_schema(request=None, responses=ClusterActionSerializer)
 @api_view(["POST"])
 def cluster_stop(request):
+    """Stop the cluster: every replica drains and stops, /v1/ answers 503 system_stopped."""
     changed = stop_cluster(request.user.get_username())
     return Response({"stopped": True, "changed": changed})
 
 
+@extend_schema(request=None, responses=ClusterActionSerializer)
 @api_view(["POST"])
 def cluster_start(request):
+    """Start the cluster: models are placed again as the catalog asks."""
     changed = start_cluster()
     return Response({"stopped": False, "changed": changed})
+
+
+@extend_schema_view(create=extend_schema(responses={201: AgentCreatedSerializer}))
+class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Agents, one per machine. Creating one returns its token, once."""
+
+    queryset = Agent.objects.prefetch_related("gpus")
+    serializer_class = AgentSerializer
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        agent, token = Agent.create_with_token(serializer.validated_data["name"])
+        agent.token = token
+        return Response(AgentCreatedSerializer(agent).data, status=status.HTTP_201_CREATED)
+
+    def _answer(self, agent: Agent, changed: bool, moved: int = 0) -> Response:
+        return Response({"agent": agent.name, "cordoned": agent.cordoned, "changed": changed,
+                         "replicas_moved": moved})
+
+    @extend_schema(request=None, responses=AgentActionSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        """Place nothing new on this agent; what runs there keeps running."""
+        agent = self.get_object()
+        return self._answer(agent, set_cordoned(agent, True))
+
+    @extend_schema(request=None, responses=AgentActionSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        agent = self.get_object()
+        return self._answer(agent, set_cordoned(agent, False))
+
+    @extend_schema(request=None, responses=AgentActionSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Cordon, drain its ready replicas (stop those still starting); the reconciler
+        places their successors on other agents."""
+        agent = self.get_object()
+        was_cordoned = agent.cordoned
+        moved = drain_agent(agent, request.user.get_username())
+        return self._answer(agent, not was_cordoned or moved > 0, moved)
+
+
+class ReplicaPagination(LimitOffsetPagination):
+    default_limit = 100
+    max_limit = 1000
+
+
+@extend_schema_view(list=extend_schema(parameters=[
+    OpenApiParameter("model", int, description="Only this model's replicas (its id)."),
+    OpenApiParameter("agent", int, description="Only this agent's replicas (its id)."),
+    OpenApiParameter("state", str, enum=[s.value for s in ReplicaState], description="Only replicas in this state."),
+]))
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
+    """Engine replicas, newest first (read-only: the reconciler owns them)."""
+
+    serializer_class = ReplicaSerializer
+    pagination_class = ReplicaPagination
+
+    def get_queryset(self):
+        queryset = Replica.objects.select_related("model", "agent")
+        if self.action == "list":
+            for name in ("model", "agent"):
+                value = int_param(self.request, name)
+                if value is not None:
+                    queryset = queryset.filter(**{f"{name}_id": value})
+            state = self.request.query_params.get("state")
+            if state:
+                if state not in {s.value for s in ReplicaState}:
+                    raise ValidationError({"state": [f"'{state}' is not a replica state."]})
+                queryset = queryset.filter(state=state)
+        return queryset
+
+
+class ModelWantView(APIView):
+    """Ask for an on-demand model now, as a request for it would (a pass runs at once)."""
+
+    @extend_schema(request=None, responses={200: ModelActionSerializer, 400: OpenApiTypes.OBJECT})
+    def post(self, request, pk: int):
+        model = get_object_or_404(Model, pk=pk)
+        try:
+            want_model(model)
+        except ValueError as exc:
+            raise ValidationError({"model": [str(exc)]})
+        return Response({"model": model.name, "detail": "wanted: a replica is being placed"})
+
+
+class ModelEvictView(APIView):
+    """Evict an on-demand model: forget its demand and drain its replicas."""
+
+    @extend_schema(request=None, responses={200: ModelActionSerializer, 400: OpenApiTypes.OBJECT})
+    def post(self, request, pk: int):
+        model = get_object_or_404(Model, pk=pk)
+        try:
+            moved = evict_model(model, request.user.get_username())
+        except ValueError as exc:
+            raise ValidationError({"model": [str(exc)]})
+        return Response({"model": model.name, "detail": f"evicted: {moved} replica(s) draining",
+                         "replicas_moved": moved})
+
+
+class ExplainView(APIView):
+    """Why a model (by name or alias) has the replicas it has: ``llmgw explain --json``."""
+
+    @extend_schema(responses={200: ExplainSerializer, 404: OpenApiResponse(description="No such model.")})
+    def get(self, request, name: str):
+        # The CLI owns the shape; imported here so fleet's import graph stays below llmgw.
+        from llmgw.cli.explain import explain_model
+
+        model = Model.resolve(name)
+        if model is None:
+            raise NotFound(f"no model called {name!r}")
+        return Response(explain_model(model))

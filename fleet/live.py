@@ -8,7 +8,9 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
   cluster's stopped flag;
 * one for the generations of the agents connected to this process → push ``assign`` to
   those whose desired set moved (DESIGN, "Crossing processes");
-* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``.
+* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``;
+* the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
+  registration as a control plane.
 
 ``fleet`` owns this; the gateway only reads it and calls :data:`usage`.
 """
@@ -19,6 +21,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -111,6 +114,50 @@ class UsageRecorder:
         return report
 
 
+class HeartbeatStamps:
+    """When each agent's latest message reached this process (stamped on arrival, by this
+    clock), kept in memory and written in a few UPDATEs per flush. A stamp that cannot be
+    written (database away) is kept for the next flush, so the agents' silence is never
+    the control plane's own. Stamps only move ``last_seen_at`` forwards."""
+
+    #: Stamps are written rounded down to this (seconds): one UPDATE per distinct value.
+    RESOLUTION_S = 0.5
+
+    def __init__(self) -> None:
+        self.pending: dict[int, datetime] = {}
+        self._lock = threading.Lock()  # stamp() runs in database_sync_to_async threads
+
+    def stamp(self, agent_id: int) -> None:
+        now = timezone.now()
+        with self._lock:
+            self.pending[agent_id] = now
+
+    def flush(self) -> int:
+        """Write pending stamps (blocking; ORM). Returns how many agents were stamped."""
+        from django.db.models import Q
+
+        from fleet.models import Agent
+
+        with self._lock:
+            pending, self.pending = self.pending, {}
+        if not pending:
+            return 0
+        by_stamp: dict[datetime, list[int]] = defaultdict(list)
+        for agent_id, at in pending.items():
+            rounded = at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S
+            by_stamp[datetime.fromtimestamp(rounded, tz=at.tzinfo)].append(agent_id)
+        try:
+            for at, ids in sorted(by_stamp.items()):
+                Agent.objects.filter(Q(last_seen_at__lt=at) | Q(last_seen_at__isnull=True), id__in=ids).update(
+                    last_seen_at=at)
+        except Exception:
+            with self._lock:  # keep them, unless a newer stamp arrived meanwhile
+                for agent_id, at in pending.items():
+                    self.pending.setdefault(agent_id, at)
+            raise
+        return len(pending)
+
+
 class Watcher:
     """The per-process loop described in the module docstring."""
 
@@ -140,6 +187,10 @@ class Watcher:
             except (asyncio.CancelledError, Exception):
                 pass
         await self.flush_usage(force=True)
+        try:
+            await self.flush_heartbeats()
+        except Exception:
+            log.warning("could not write the agents' last heartbeats", exc_info=True)
 
     # -- agents ----------------------------------------------------------------------------
     def register_agent(self, consumer: Pushable) -> None:
@@ -169,6 +220,7 @@ class Watcher:
     async def _run(self) -> None:
         while True:
             try:
+                await self.flush_heartbeats()
                 await self._refresh()
                 await self._push_agents()
                 await self.flush_usage()
@@ -215,9 +267,11 @@ class Watcher:
         if now - self._last_register < settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S:
             return
         self._last_register = now
-        from fleet.models import ControlPlane
+        await sync_to_async(register_web_process, thread_sensitive=False)()
 
-        await sync_to_async(ControlPlane.heartbeat, thread_sensitive=False)("web")
+    async def flush_heartbeats(self) -> None:
+        if heartbeats.pending:
+            await sync_to_async(heartbeats.flush, thread_sensitive=False)()
 
     async def flush_usage(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -231,6 +285,22 @@ class Watcher:
             from fleet.usage import record_report
 
             await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
+
+
+def register_web_process() -> None:
+    """Register (or refresh) this web process as a control plane. After a gap — this
+    process or the database stalled, so heartbeats may have gone unrecorded — its row's
+    ``started_at`` restarts: the lost-agent rule counts silence from there
+    (``fleet.reconciler.listening_since``)."""
+    from fleet.models import ControlPlane
+    from fleet.reconciler import control_plane_stall_s
+
+    now = timezone.now()
+    ControlPlane.objects.filter(
+        host=socket.gethostname(), role=ControlPlane.Role.WEB, pid=os.getpid(),
+        last_seen_at__lt=now - timedelta(seconds=control_plane_stall_s()),
+    ).update(started_at=now)
+    ControlPlane.heartbeat(ControlPlane.Role.WEB)
 
 
 def _load_view(agent_ids: list[int]) -> View:
@@ -276,4 +346,5 @@ def _load_view(agent_ids: list[int]) -> View:
 
 
 usage = UsageRecorder()
+heartbeats = HeartbeatStamps()
 watcher = Watcher()

@@ -128,6 +128,8 @@ class Replica(models.Model):
     load_running = models.PositiveIntegerField(null=True, blank=True)
     load_waiting = models.PositiveIntegerField(null=True, blank=True)
     load_reported_at = models.DateTimeField(null=True, blank=True)
+    #: While downloading: the fraction (0..1) of its weights the agent has; None otherwise.
+    download_progress = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ReplicaQuerySet.as_manager()

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
-from fleet.reconciler import request_pass
+from fleet.reconciler import nudge_agents, request_pass
 from fleet.states import HOLDS_RESOURCES, ReplicaState
 
 
@@ -142,3 +142,76 @@ def _count_by_model(state: str):
     from django.db.models import Count
 
     return Replica.objects.filter(state=state).values_list("model_id").annotate(n=Count("id"))
+
+
+# --- Agents and on-demand models: the dashboard's and the REST API's actions ---------------
+
+
+def set_cordoned(agent: Agent, cordoned: bool) -> bool:
+    """Cordon (nothing new is placed on it) or uncordon ``agent``; False if it already was.
+    Uncordoning requests a pass: a model waiting for room may fit now."""
+    with transaction.atomic():
+        changed = Agent.objects.filter(pk=agent.pk).exclude(cordoned=cordoned).update(cordoned=cordoned)
+        agent.cordoned = cordoned
+        if changed and not cordoned:
+            request_pass()
+    return bool(changed)
+
+
+def _move_away(replicas, why: str) -> list[int]:
+    """Take replicas out of service as the planner does for a surplus: a ready one drains
+    (in-flight requests finish; the pass stops it), one still coming up stops at once.
+    Returns the agents whose desired set moved."""
+    touched = []
+    for replica in replicas:
+        to = ReplicaState.DRAINING if replica.state == ReplicaState.READY.value else ReplicaState.STOPPING
+        if replica.transition(to, reason=why):
+            touched.append(replica.agent_id)
+    return touched
+
+
+def drain_agent(agent: Agent, by: str = "") -> int:
+    """Cordon ``agent`` and move its replicas away: ready ones drain, those still coming up
+    stop, and a pass is requested so the planner places their successors on other agents.
+    Returns how many replicas were moved (0: only cordoned)."""
+    why = f"agent {agent.name} drained" + (f" by {by}" if by else "")
+    coming_up = [s.value for s in (ReplicaState.PLACING, ReplicaState.DOWNLOADING, ReplicaState.STARTING)]
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent.pk).update(cordoned=True)
+        agent.cordoned = True
+        replicas = list(Replica.objects.filter(agent=agent, state__in=[ReplicaState.READY.value, *coming_up]))
+        touched = _move_away(replicas, why)
+        Agent.bump_generation(touched)
+        request_pass()
+    if touched:
+        transaction.on_commit(lambda: nudge_agents(touched))
+    return len(touched)
+
+
+def evict_model(model: Model, by: str = "") -> int:
+    """Evict an on-demand model now: forget its demand (``ModelState.wanted_at``) and drain
+    its replicas. Returns how many replicas were moved. ValueError for a model that is not
+    on demand (its min would only place it again)."""
+    if not model.on_demand:
+        raise ValueError(f"{model.name} is not an on-demand model: lower its min replicas instead")
+    why = "evicted" + (f" by {by}" if by else "")
+    live = [ReplicaState.READY.value, ReplicaState.PLACING.value, ReplicaState.DOWNLOADING.value,
+            ReplicaState.STARTING.value]
+    with transaction.atomic():
+        ModelState.objects.filter(model=model).update(wanted_at=None)
+        touched = _move_away(list(Replica.objects.filter(model=model, state__in=live)), why)
+        Agent.bump_generation(touched)
+        request_pass()
+    if touched:
+        transaction.on_commit(lambda: nudge_agents(touched))
+    return len(touched)
+
+
+def want_model(model: Model) -> None:
+    """Ask for an on-demand model now, as a request for it would. ValueError for a model
+    that is not on demand or is served elsewhere."""
+    from fleet.demand import want
+
+    if model.is_external or not model.on_demand:
+        raise ValueError(f"{model.name} is not an on-demand model served here")
+    want(model.pk)

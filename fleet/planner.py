@@ -32,6 +32,10 @@ class Policy:
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
     scaling: ScalingPolicy = ScalingPolicy()
+    #: Since when the control plane could record heartbeats without a gap (None: always).
+    #: An agent's silence is counted from the later of its last message and this instant,
+    #: so a control plane (or database) that stalled does not blame the agents for it.
+    listening_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ class ModelView:
 
 @dataclass(frozen=True)
 class ReplicaView:
-    """A replica. ``last_used_at`` None = never told; ``in_flight`` None = unknown."""
+    """A replica. ``last_used_at`` None = never told; ``in_flight`` None = unknown;
+    ``back``: it is lost, but its agent has since reported the engine ready again."""
 
     id: int
     model_id: int
@@ -116,6 +121,7 @@ class ReplicaView:
     state_changed_at: datetime | None = None
     last_used_at: datetime | None = None
     in_flight: int | None = None
+    back: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,16 @@ def _age_s(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
+def silent_for_s(agent: AgentView, policy: Policy, now: datetime) -> float | None:
+    """Seconds an agent has been silent that count against it: since its last message, or
+    since the control plane could listen again if that is later. None: never heard from
+    (and no listening window to count from)."""
+    heard = agent.last_seen_at
+    if policy.listening_since is not None and (heard is None or heard < policy.listening_since):
+        heard = policy.listening_since
+    return _age_s(now, heard)
+
+
 def _fmt_s(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
@@ -324,12 +340,16 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     1. Agents silent for ``agent_lost_after_s`` lose their replicas (→ lost) — unless more
        than half the agents went silent together, which means this control plane stalled:
        then nothing is marked lost (DESIGN, "Lost agents vs a stalled control plane").
+       Silence is counted from ``policy.listening_since`` at the earliest.
     2. Draining replicas stop when their in-flight count is known to be 0 or the drain
        grace has passed.
     3. Per model (fixed-min models first, then on-demand ones by when they were wanted):
        place missing replicas (spread across agents, then pack), making room for a wanted
        on-demand model by evicting idle replicas of other on-demand models, least recently
-       used first; surplus replicas drain (ready) or stop (not yet ready).
+       used first; surplus replicas drain (ready) or stop (not yet ready). Lost replicas
+       whose agent is heard from again are duplicates if the model's other replicas are
+       ready in the numbers wanted: they stop first. Otherwise a lost replica reported
+       ready is taken back (→ ready) and the others, not ready yet, are the surplus.
     """
     policy = snapshot.policy
     result = Plan()
@@ -337,11 +357,11 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     states: dict[int, ReplicaState] = {r.id: r.state for r in snapshot.replicas}
 
     # 1. Lost agents.
+    silence = {a.id: silent_for_s(a, policy, now) for a in snapshot.agents}
     stale = {
         a.id
         for a in snapshot.agents
-        if a.last_seen_at is None
-        or (now - a.last_seen_at).total_seconds() > policy.agent_lost_after_s
+        if silence[a.id] is None or silence[a.id] > policy.agent_lost_after_s
     }
     with_replicas = {r.agent_id for r in snapshot.replicas if r.state in HOLDS_RESOURCES}
     stale_with_work = stale & with_replicas
@@ -357,7 +377,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     else:
         for r in snapshot.replicas:
             if r.agent_id in stale and r.state in HOLDS_RESOURCES:
-                age = _age_s(now, agents[r.agent_id].last_seen_at)
+                age = silence[r.agent_id]
                 heard = "never heard from" if age is None else f"silent for {_fmt_s(age)}"
                 result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}"))
                 states[r.id] = S.LOST
@@ -373,12 +393,18 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         else:
             usable[a.id] = None
 
+    # Lost replicas whose agent is heard from again: their engines may still run there.
+    returning = {
+        r.id for r in snapshot.replicas
+        if states[r.id] == S.LOST and r.agent_id in agents and r.agent_id not in stale
+    }
+
     # Free resources per agent, after every replica that still holds some.
     rooms: dict[int, _Room] = {}
     for a in snapshot.agents:
         rooms[a.id] = _Room(a, {g.index: g.memory_total_mib for g in a.gpus}, a.cpu_cores, a.memory_mib)
     for r in snapshot.replicas:
-        if states[r.id] in HOLDS_RESOURCES and r.agent_id in rooms:
+        if (states[r.id] in HOLDS_RESOURCES or r.id in returning) and r.agent_id in rooms:
             room = rooms[r.agent_id]
             for idx in r.gpu_indices:
                 room.free_gpus.pop(idx, None)
@@ -442,6 +468,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 idle = (now - m.wanted_at).total_seconds()
                 outcome.reason = f"idle for {_fmt_s(idle)} (timeout {_fmt_s(idle_timeout_s(m, policy))}): scaled to zero"
 
+        _settle_returning(m, desired[m.id], by_model[m.id], returning, states, agents, result)
         active = active_of(m.id)
         missing = desired[m.id] - len(active)
         if missing > 0 and m.profile is None:
@@ -480,6 +507,34 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         outcome.ready = sum(1 for r in reps if states[r.id] == S.READY)
         outcome.active += sum(1 for p in result.places if p.model_id == m.id)
     return result
+
+
+def _settle_returning(
+    m: ModelView, desired: int, replicas: list[ReplicaView], returning: set[int],
+    states: dict[int, ReplicaState], agents: dict[int, AgentView], result: Plan,
+) -> None:
+    """Lost replicas of ``m`` whose agent came back (DESIGN, Reconciler rules: "when it
+    returns, duplicates are reconciled away"). Ready replicas elsewhere are kept and the
+    returning ones stop first; while the others are not ready yet, a returning replica
+    reported ready is taken back instead, and the others become the surplus."""
+    back = sorted((r for r in replicas if r.id in returning), key=lambda r: r.id)
+    if not back:
+        return
+    ready_elsewhere = sum(1 for r in replicas if r.id not in returning and states[r.id] == S.READY)
+    room = max(0, desired - ready_elsewhere)
+    for r in back:
+        name = agents[r.agent_id].name
+        if r.back and room > 0:
+            room -= 1
+            result.actions.append(Move(r.id, S.READY, f"agent {name} came back with the engine ready"))
+            states[r.id] = S.READY
+        elif room == 0:
+            result.actions.append(Move(
+                r.id, S.STOPPING,
+                f"duplicate: agent {name} came back, {ready_elsewhere} ready elsewhere ({desired} wanted)",
+            ))
+            states[r.id] = S.STOPPING
+        # else: its engine is not ready (yet) and it may still be needed: wait for its report.
 
 
 def _surplus(active: list[ReplicaView], count: int) -> list[ReplicaView]:

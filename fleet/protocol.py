@@ -36,6 +36,9 @@ class ReplicaReport(TypedDict, total=False):
     #: Engine load from its metrics endpoint; None means unknown (never 0 by default).
     running: int | None
     waiting: int | None
+    #: While ``downloading``: the fraction (0..1) of its weights fetched; None when unknown
+    #: or not downloading. Optional: older agents do not send it.
+    progress: float | None
 
 
 class Hello(TypedDict):

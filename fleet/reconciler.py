@@ -21,7 +21,7 @@ from catalog.models import ClusterSettings, Model
 from fleet import planner
 from catalog.models import Benchmark, ScheduleWindow
 from catalog.schedules import active_window
-from fleet.models import Agent, Gpu, ModelState, PassLock, Replica, ScalingEvent, UsageReport
+from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica, ScalingEvent, UsageReport
 from fleet.scaling import Load, ScalingPolicy
 from fleet.states import HOLDS_RESOURCES, ReplicaState
 
@@ -36,7 +36,29 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _policy(cluster: ClusterSettings) -> planner.Policy:
+def listening_since(now: datetime) -> datetime | None:
+    """Since when the web processes could record heartbeats without a gap, for the
+    lost-agent rule (``planner.Policy.listening_since``).
+
+    Each web process re-registers every ``LLMGW_CONTROL_PLANE_HEARTBEAT`` and restarts its
+    row's ``started_at`` after a gap (``fleet.live``). None when no web process ever
+    registered; ``now`` when none has registered lately (all stalled, or the database was
+    away): nobody could hear the agents, so nobody is blamed.
+    """
+    fresh_after = now - timedelta(seconds=control_plane_stall_s())
+    rows = list(ControlPlane.objects.filter(role=ControlPlane.Role.WEB).values_list("started_at", "last_seen_at"))
+    if not rows:
+        return None
+    fresh = [started for started, seen in rows if seen >= fresh_after]
+    return max(fresh) if fresh else now
+
+
+def control_plane_stall_s() -> float:
+    """A control plane not heard from for this long was stalled (or is gone)."""
+    return 2 * settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S + 1.0
+
+
+def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Policy:
     scaling = ScalingPolicy(
         scale_up_waiting=cluster.scale_up_waiting,
         scale_up_after_s=float(cluster.scale_up_after_s),
@@ -51,6 +73,7 @@ def _policy(cluster: ClusterSettings) -> planner.Policy:
         agent_lost_after_s=settings.LLMGW_AGENT_LOST_AFTER_S,
         backoff_base_s=settings.LLMGW_BACKOFF_BASE_S,
         backoff_cap_s=settings.LLMGW_BACKOFF_CAP_S,
+        listening_since=listening_since(now) if now is not None else None,
     )
 
 
@@ -122,17 +145,27 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
             )
         )
-    live_states = [s.value for s in HOLDS_RESOURCES]
+    live_states = [s.value for s in HOLDS_RESOURCES] + [ReplicaState.LOST.value]
     replicas = tuple(
         planner.ReplicaView(
             id=r.id, model_id=r.model_id, agent_id=r.agent_id, state=ReplicaState(r.state),
             gpu_indices=tuple(r.gpu_indices or ()), cpu_cores=r.cpu_cores, memory_mib=r.memory_mib,
             state_changed_at=r.state_changed_at, last_used_at=r.last_used_at,
-            in_flight=in_flight.get(r.id),
+            in_flight=in_flight.get(r.id), back=is_back(r),
         )
         for r in Replica.objects.filter(state__in=live_states)
     )
-    return planner.Snapshot(_policy(cluster), agents, tuple(models), replicas)
+    return planner.Snapshot(_policy(cluster, now), agents, tuple(models), replicas)
+
+
+def is_back(replica: Replica) -> bool:
+    """A lost replica whose agent has reported its engine ready since it was lost: the
+    report stamps ``ready_at`` and leaves the state to the planner (``fleet.reports``)."""
+    return (
+        replica.state == ReplicaState.LOST.value
+        and replica.ready_at is not None
+        and replica.ready_at > replica.state_changed_at
+    )
 
 
 def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:

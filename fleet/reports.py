@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet import protocol
 from fleet.models import Agent, Gpu, Replica
-from fleet.reconciler import request_pass
+from fleet.reconciler import is_back, request_pass
 from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, can_transition
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,13 @@ def mark_disconnected(agent_id: int, session: str) -> None:
 
 
 def touch(agent_id: int) -> None:
-    """A message arrived: the agent is alive (stamped on arrival, not by the agent)."""
-    Agent.objects.filter(pk=agent_id).update(last_seen_at=timezone.now())
+    """A message arrived: the agent is alive. Stamped now, on arrival (never by the agent's
+    clock), in memory; the web process's watcher writes the stamps in batches, so a
+    thousand heart-beating agents cost a few UPDATEs a second and a database that is away
+    for a while loses no stamp (``fleet.live.HeartbeatStamps``)."""
+    from fleet.live import heartbeats
+
+    heartbeats.stamp(agent_id)
 
 
 def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:
@@ -126,6 +131,8 @@ def _target_state(current: ReplicaState, reported: str) -> ReplicaState | None:
         return S.FAILED
     if current in (S.DRAINING, S.STOPPING):
         return None  # on its way out; the engine's own progress does not matter
+    if current == S.LOST:
+        return None  # its agent is back: the planner decides whether it stays (fleet.planner)
     if rep in (S.DOWNLOADING, S.STARTING, S.READY) and can_transition(current, rep):
         return rep
     return None
@@ -156,8 +163,16 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
                 fields["load_running"] = report.get("running")
                 fields["load_waiting"] = report.get("waiting")
                 fields["load_reported_at"] = timezone.now()
+            if "progress" in report:
+                progress = _fraction(report.get("progress"))
+                if progress != replica.download_progress:
+                    fields["download_progress"] = progress
             error = str(report.get("error") or "")[-4000:]
             target = _target_state(ReplicaState(replica.state), str(report.get("state", "")))
+            if replica.state == S.LOST.value and report.get("state") == S.READY.value and not is_back(replica):
+                # Lost, yet its engine serves: the next pass keeps it or stops it as a duplicate.
+                fields["ready_at"] = timezone.now()
+                needs_pass = True
             if target == S.FAILED and error:
                 fields["error"] = error
             elif target == S.FAILED and not error:
@@ -171,12 +186,23 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
     return needs_pass
 
 
+def _fraction(value) -> float | None:
+    """A reported download progress as a fraction in 0..1, or None (unknown, or done)."""
+    try:
+        return None if value is None else min(1.0, max(0.0, float(value)))
+    except (TypeError, ValueError):
+        return None
+
+
 def desired_set(agent_id: int) -> protocol.Assign:
-    """The full set of replicas ``agent_id`` must run, with the generation it reflects."""
+    """The full set of replicas ``agent_id`` must run, with the generation it reflects.
+    Lost replicas stay in it: an agent that comes back keeps their engines running until
+    the planner has decided which of the duplicates go."""
     generation = Agent.objects.values_list("generation", flat=True).get(pk=agent_id)
     replicas: list[protocol.AssignedReplica] = []
+    assigned = [s.value for s in ASSIGNED_TO_AGENT] + [S.LOST.value]
     qs = (
-        Replica.objects.filter(agent_id=agent_id, state__in=[s.value for s in ASSIGNED_TO_AGENT])
+        Replica.objects.filter(agent_id=agent_id, state__in=assigned)
         .select_related("model", "profile")
         .order_by("id")
     )

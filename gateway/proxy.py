@@ -1,8 +1,14 @@
-"""The ``/v1/`` proxy: parse, resolve the model, find (or wait for) a ready replica, relay.
+"""The ``/v1/`` proxy: authenticate, parse, resolve the model, find (or wait for) a ready
+replica, relay, record.
 
-Streaming answers pass through unbuffered (an async iterator over the upstream's raw
-bytes); a client that disconnects cancels the upstream request, so the engine frees its
-slot. A connection refused before any byte was sent is retried once on another replica.
+Order of answers: 413 (body too large, before anything else), 401 (key), 400 (JSON,
+``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed for the
+model), then the upstream's own status (429 stays 429), 502 for a replica that cannot be
+reached, 503 for a model with no replica (with the planner's reason) or still loading.
+
+Streaming answers are relayed event by event without re-encoding (``gateway.sse``); a
+client that disconnects cancels the upstream request, so the engine frees its slot. A
+connection refused before any byte was sent is retried once on another ready replica.
 """
 
 from __future__ import annotations
@@ -18,18 +24,23 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 
 from catalog.models import Model
 from fleet.demand import want
 from fleet.live import Endpoint, ModelStatus, usage, watcher
+from gateway import metrics, sse
+from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
 from gateway.routing import choose
+from gateway.usage import usage_records
 
 log = logging.getLogger(__name__)
 
 _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
 _FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "openai-organization", "openai-project")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+_STREAMABLE = ("chat/completions", "completions")
 
 
 def upstream_client() -> httpx.AsyncClient:
@@ -49,18 +60,71 @@ class _Refused(Exception):
     """The replica refused the connection before any byte was sent."""
 
 
-async def read_json_body(request: HttpRequest) -> dict | HttpResponse:
+class Exchange:
+    """One request's bookkeeping: caller, model, timings, tokens; recorded once at the end."""
+
+    def __init__(self, path: str) -> None:
+        self.started = time.monotonic()
+        self.path = path
+        self.caller: Caller | None = None
+        self.model_name = "unknown"
+        self.model_label = "unknown"
+        self.replica_id: int | None = None
+        self.stream = False
+        self.ttft_s: float | None = None
+        self.overhead_s: float | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.recorded = False
+
+    def note_usage(self, data: dict | None) -> None:
+        if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+            self.prompt_tokens = data["usage"].get("prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = data["usage"].get("completion_tokens", self.completion_tokens)
+
+    def finish(self, status: int) -> None:
+        if self.recorded:
+            return
+        self.recorded = True
+        total = time.monotonic() - self.started
+        metrics.REQUESTS.labels(self.model_label, str(status)).inc()
+        if self.model_label != "unknown":
+            metrics.LATENCY.labels(self.model_label).observe(total)
+            if self.ttft_s is not None:
+                metrics.TTFT.labels(self.model_label).observe(self.ttft_s)
+        if self.overhead_s is not None:
+            metrics.OVERHEAD.observe(self.overhead_s)
+        usage_records.add(
+            at=timezone.now(), key_id=self.caller.key_id if self.caller else None, model_name=self.model_name[:128],
+            replica_id=self.replica_id, path=self.path[:128], status=status, stream=self.stream,
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000, total_ms=total * 1000,
+            overhead_ms=None if self.overhead_s is None else self.overhead_s * 1000,
+        )
+
+    def answer(self, response: HttpResponse) -> HttpResponse:
+        self.finish(response.status_code)
+        return response
+
+
+def _body_limit_error(request: HttpRequest) -> HttpResponse | None:
     limit = settings.LLMGW_MAX_BODY_BYTES
     try:
         declared = int(request.headers.get("Content-Length") or 0)
     except ValueError:
         return openai_error(400, "Content-Length is not a number.")
     if declared > limit:
-        return openai_error(413, f"Request body of {declared} bytes is over the limit of {limit} bytes.", code="request_too_large")
+        return openai_error(413, f"Request body of {declared} bytes is over the limit of {limit} bytes.",
+                            code="request_too_large")
+    return None
+
+
+def _parse_body(request: HttpRequest) -> dict | HttpResponse:
     try:
         raw = request.body
     except RequestDataTooBig:
-        return openai_error(413, f"Request body is over the limit of {limit} bytes.", code="request_too_large")
+        return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
+                            code="request_too_large")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -72,26 +136,63 @@ async def read_json_body(request: HttpRequest) -> dict | HttpResponse:
 
 async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     """Serve one POST under /v1/."""
-    started = time.monotonic()
-    body = await read_json_body(request)
+    ex = Exchange(path)
+    too_big = _body_limit_error(request)
+    if too_big is not None:
+        return ex.answer(too_big)
+    caller = await authenticate(request)
+    if isinstance(caller, HttpResponse):
+        return ex.answer(caller)
+    ex.caller = caller
+    body = _parse_body(request)
     if isinstance(body, HttpResponse):
-        return body
+        return ex.answer(body)
     name = body.get("model")
     if not isinstance(name, str) or not name:
-        return openai_error(400, "You must provide a model parameter.", code="missing_model", param="model")
+        return ex.answer(openai_error(400, "You must provide a model parameter.", code="missing_model", param="model"))
+    ex.model_name = name
     watcher.ensure_started()
     view = watcher.view if watcher.view.version else await watcher.refresh_now()
     if view.stopped:
-        return openai_error(503, "The cluster is stopped by its operators; no model is being served.", code="system_stopped")
+        return ex.answer(openai_error(503, "The cluster is stopped by its operators; no model is being served.",
+                                      code="system_stopped"))
     model = await Model.aresolve(name)
     if model is None:
-        return openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model")
+        return ex.answer(openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model"))
+    ex.model_label = model.name
+    if not caller.may_use(model.id):
+        return ex.answer(forbidden(model.name))
+    ex.stream = bool(body.get("stream")) and any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
+    content, strip_usage = _with_usage_requested(body, ex.stream, request.body)
+    headers = _upstream_headers(request)
     if model.is_external:
-        return await _forward_external(request, model, path, body)
+        if model.external_api_key:
+            headers["authorization"] = f"Bearer {model.external_api_key}"
+        url = f"{model.external_base_url.rstrip('/')}/{path}"
+        ex.overhead_s = time.monotonic() - ex.started
+        try:
+            upstream = await _open(url, content, headers)
+        except (_Refused, httpx.HTTPError) as exc:
+            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}",
+                                          code="upstream_unreachable"))
+        return await _relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     found = await _find_replica(model)
     if isinstance(found, HttpResponse):
-        return found
-    return await _forward(request, model, path, found, started)
+        return ex.answer(found)
+    return await _forward(model, path, found, content, headers, ex, strip_usage)
+
+
+def _with_usage_requested(body: dict, stream: bool, raw: bytes) -> tuple[bytes, bool]:
+    """Ask the engine for usage in the final stream chunk when the client did not, so usage
+    is recorded; returns the body to send and whether to strip that chunk again."""
+    if not stream:
+        return raw, False
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        return raw, False
+    patched = dict(body)
+    patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(patched).encode(), True
 
 
 async def _find_replica(model: Model) -> Endpoint | HttpResponse:
@@ -108,9 +209,10 @@ async def _find_replica(model: Model) -> Endpoint | HttpResponse:
         await sync_to_async(want)(model.id)
         trust_after = time.monotonic()
     timeout_s = view.cold_start_timeout_s
-    log.info("holding a request for %s while it starts (up to %.0f s; view %d)", model.name, timeout_s, view.version)
+    log.info("holding a request for %s while it starts (up to %.0f s)", model.name, timeout_s)
     deadline = time.monotonic() + timeout_s
     watcher.holders += 1
+    metrics.HELD.inc()
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -130,6 +232,7 @@ async def _find_replica(model: Model) -> Endpoint | HttpResponse:
                 return _unavailable(model, status)
     finally:
         watcher.holders -= 1
+        metrics.HELD.dec()
     retry_after = max(1, int(min(timeout_s, 30)))
     return openai_error(
         503,
@@ -164,11 +267,10 @@ async def _open(url: str, content: bytes, headers: dict[str, str]) -> httpx.Resp
         raise _Refused(str(exc)) from exc
 
 
-async def _forward(request: HttpRequest, model: Model, path: str, endpoint: Endpoint, started: float) -> HttpResponse:
-    content = request.body
-    headers = _upstream_headers(request)
+async def _forward(model: Model, path: str, endpoint: Endpoint, content: bytes, headers: dict[str, str],
+                   ex: Exchange, strip_usage: bool) -> HttpResponse:
     tried: set[int] = set()
-    overhead_ms = (time.monotonic() - started) * 1000  # our own work before the upstream call
+    ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
     while True:
         tried.add(endpoint.replica_id)
         usage.begin(endpoint.replica_id)
@@ -180,59 +282,106 @@ async def _forward(request: HttpRequest, model: Model, path: str, endpoint: Endp
             log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
             other = choose(watcher.view.routes.get(model.id, ()), exclude=tried)
             if other is None or len(tried) >= 2:
-                return openai_error(502, f"The replica serving '{model.name}' is not reachable.", code="upstream_unreachable")
+                return ex.answer(openai_error(502, f"The replica serving '{model.name}' is not reachable.",
+                                              code="upstream_unreachable"))
             endpoint = other
         except httpx.TimeoutException:
             usage.end(endpoint.replica_id)
-            return openai_error(504, f"The replica serving '{model.name}' did not answer in time.", code="upstream_timeout")
+            return ex.answer(openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
+                                          code="upstream_timeout"))
         except httpx.HTTPError as exc:
             usage.end(endpoint.replica_id)
-            return openai_error(502, f"The replica serving '{model.name}' failed: {exc}", code="upstream_error")
-    return _relay(upstream, endpoint.replica_id, {"X-Llmgw-Replica": str(endpoint.replica_id),
-                                                  "X-Llmgw-Overhead-Ms": f"{overhead_ms:.2f}"})
+            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed: {exc}",
+                                          code="upstream_error"))
+    ex.replica_id = endpoint.replica_id
+    return await _relay(upstream, ex, endpoint.replica_id, strip_usage, {
+        "X-Llmgw-Replica": f"{endpoint.replica_id}@{endpoint.agent_name}",
+        "X-Llmgw-Overhead-Ms": f"{ex.overhead_s * 1000:.2f}",
+    })
 
 
-def _relay(upstream: httpx.Response, replica_id: int | None, extra: dict[str, str]) -> HttpResponse:
-    async def stream():
-        try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            log.warning("upstream stream broke: %s", exc)
-        finally:
-            await upstream.aclose()
-            if replica_id is not None:
-                usage.end(replica_id)
-
-    response = StreamingHttpResponse(stream(), status=upstream.status_code,
-                                     content_type=upstream.headers.get("content-type", "application/json"))
+def _copy_headers(upstream: httpx.Response, response: HttpResponse, extra: dict[str, str]) -> None:
     for name, value in upstream.headers.items():
         if name.lower() not in _HOP_BY_HOP and name.lower() != "content-type":
             response[name] = value
     for name, value in extra.items():
         response[name] = value
-    if "text/event-stream" in upstream.headers.get("content-type", ""):
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+
+
+async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None, strip_usage: bool,
+                 extra: dict[str, str]) -> HttpResponse:
+    content_type = upstream.headers.get("content-type", "application/json")
+    if "text/event-stream" not in content_type:
+        try:
+            body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            return ex.answer(openai_error(502, f"The upstream answer broke off: {exc}", code="upstream_error"))
+        finally:
+            await upstream.aclose()
+            if replica_id is not None:
+                usage.end(replica_id)
+        ex.ttft_s = time.monotonic() - ex.started
+        if "json" in content_type:
+            try:
+                ex.note_usage(json.loads(body))
+            except ValueError:
+                pass
+        response = HttpResponse(body, status=upstream.status_code, content_type=content_type)
+        _copy_headers(upstream, response, extra)
+        return ex.answer(response)
+
+    if ex.model_label != "unknown":
+        metrics.IN_FLIGHT.labels(ex.model_label).inc()
+
+    async def events():
+        buffer = b""
+        status = upstream.status_code
+        try:
+            async for chunk in upstream.aiter_raw():
+                if ex.ttft_s is None:
+                    ex.ttft_s = time.monotonic() - ex.started
+                buffer += chunk
+                complete, buffer = sse.split_events(buffer)
+                out = []
+                for event in complete:
+                    data = sse.event_json(event)
+                    if data is not None and sse.is_usage_only(data):
+                        ex.note_usage(data)
+                        if strip_usage:
+                            continue
+                    out.append(event)
+                if out:
+                    yield b"".join(out)
+            if buffer:
+                yield buffer
+        except httpx.HTTPError as exc:
+            log.warning("upstream stream broke: %s", exc)
+        except (asyncio.CancelledError, GeneratorExit):
+            status = 499  # the client went away; closing the upstream tells the engine
+            raise
+        finally:
+            await upstream.aclose()
+            if replica_id is not None:
+                usage.end(replica_id)
+            if ex.model_label != "unknown":
+                metrics.IN_FLIGHT.labels(ex.model_label).dec()
+            ex.finish(status)
+
+    response = StreamingHttpResponse(events(), status=upstream.status_code, content_type=content_type)
+    _copy_headers(upstream, response, extra)
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
     return response
 
 
-async def _forward_external(request: HttpRequest, model: Model, path: str, body: dict) -> HttpResponse:
-    headers = _upstream_headers(request)
-    if model.external_api_key:
-        headers["authorization"] = f"Bearer {model.external_api_key}"
-    url = f"{model.external_base_url.rstrip('/')}/{path}"
-    try:
-        upstream = await _open(url, request.body, headers)
-    except (_Refused, httpx.HTTPError) as exc:
-        return openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}", code="upstream_unreachable")
-    return _relay(upstream, None, {"X-Llmgw-Replica": "external"})
-
-
 async def list_models(request: HttpRequest) -> HttpResponse:
-    """GET /v1/models: every model in the catalog, in OpenAI's list shape."""
+    """GET /v1/models: every model in the catalog (that the key may use), OpenAI's shape."""
+    caller = await authenticate(request)
+    if isinstance(caller, HttpResponse):
+        return caller
     data = []
     async for model in Model.objects.order_by("name"):
-        data.append({"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
-                     "owned_by": "external" if model.is_external else "llmgw"})
+        if caller.may_use(model.id):
+            data.append({"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
+                         "owned_by": "external" if model.is_external else "llmgw"})
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")

@@ -25,3 +25,13 @@ async def v1(request: HttpRequest, path: str) -> HttpResponse:
 
 async def not_found(request: HttpRequest, exception=None) -> HttpResponse:
     return openai_error(404, f"Unknown URL {request.path}.", code="unknown_url")
+
+
+async def prometheus(request: HttpRequest) -> HttpResponse:
+    """/metrics in Prometheus' text format."""
+    from asgiref.sync import sync_to_async
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from gateway.metrics import render
+
+    return HttpResponse(await sync_to_async(render)(), content_type=CONTENT_TYPE_LATEST)

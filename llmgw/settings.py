@@ -50,6 +50,8 @@ INSTALLED_APPS = [
     "channels",
     "django_q",
     "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
     "llmgw",
     "catalog",
     "fleet",
@@ -87,7 +89,9 @@ TEMPLATES = [
 # --- Database -----------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL", "")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Persistent connections, checked before each request reuses one: a restarted
+    # PostgreSQL leaves every process holding a dead connection otherwise.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
 else:
     DATABASES = {
         "default": {
@@ -112,7 +116,8 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # The prefix keeps clusters (or test runs) sharing one Redis apart.
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("REDIS_PREFIX", "llmgw")},
         }
     }
 else:
@@ -151,7 +156,17 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
     ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw control plane API",
+    "DESCRIPTION": "Catalog, fleet and cluster operations (staff only). The OpenAI-compatible gateway is /v1/.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
 }
 
 LOGGING = {
@@ -189,3 +204,6 @@ LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)
 LLMGW_AGENT_ROUTE_GRACE_S = env_duration_s("AGENT_ROUTE_GRACE", 12.0)
 LLMGW_CONTROL_PLANE_HEARTBEAT_S = env_duration_s("CONTROL_PLANE_HEARTBEAT", 5.0)
 LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
+LLMGW_DASHBOARD_REFRESH_S = env_duration_s("DASHBOARD_REFRESH", 5.0)
+#: /v1/ requires an API key (``llmgw keys create``). Off only for trusted development setups.
+LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)

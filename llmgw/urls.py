@@ -1,10 +1,11 @@
-"""URL map: admin, gateway (/v1/). The agents' websocket is routed in ``llmgw.asgi``."""
+"""URL map: admin (with the cluster dashboard), REST API (/api/), gateway (/v1/). The
+agents' websocket is routed in ``llmgw.asgi``."""
 
 from django.contrib import admin
 from django.http import HttpResponseRedirect
-from django.urls import include, path
+from django.urls import include, path, re_path
 
-from fleet import api as fleet_api
+from fleet import mirror
 
 admin.site.site_header = "llmgw"
 admin.site.site_title = "llmgw"
@@ -12,9 +13,10 @@ admin.site.index_title = "Cluster"
 
 urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/admin/")),
+    path("admin/dashboard/", include("llmgw.dashboard_urls")),
     path("admin/", admin.site.urls),
-    path("api/cluster/", fleet_api.cluster),
-    path("api/cluster/stop/", fleet_api.cluster_stop),
-    path("api/cluster/start/", fleet_api.cluster_start),
+    path("api/", include(("llmgw.api_urls", "api"))),
+    # Agents download mirrored weights (agent token; Range resumes): manifest at NAME/, files below.
+    re_path(r"^mirror/(?P<name>[^/]+)/(?P<file>.*)$", mirror.download, name="mirror-download"),
     path("", include("gateway.urls")),
 ]

@@ -20,6 +20,8 @@ FAST_ENV = {
     "LLMGW_BACKOFF_BASE": "0.5s",
     "LLMGW_AGENT_LOST_AFTER": "5s",
     "Q_WORKERS": "2",
+    # These clusters test placement and serving; API keys are tested in test_gateway_keys.
+    "LLMGW_GATEWAY_AUTH": "false",
 }
 
 

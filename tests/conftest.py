@@ -24,6 +24,20 @@ def _always_the_default_database(items):
 pytest_django.fixtures._get_databases_for_setup = _always_the_default_database
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, whose PostgreSQL sessions left by this process's
+    threads (the watcher's, the async ORM's) are ended before it is dropped: PostgreSQL
+    refuses to drop a database in use."""
+    yield
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
 @pytest.fixture
 def log_dir(tmp_path):
     path = tmp_path / "logs"

@@ -75,6 +75,7 @@ class Engine:
                     break
                 method, path, headers, body = req
                 keep = headers.get("connection", "").lower() != "close"
+                self.authorization = headers.get("authorization", "")
                 keep = await self.dispatch(method, path, body, reader, writer, keep) and keep
                 if not keep:
                     break
@@ -110,7 +111,9 @@ class Engine:
             return await send_json(writer, 400, error_body(
                 f"invalid JSON body: {e}", "invalid_request_error", 400), keep)
         stream = bool(req.get("stream"))
-        self.record("request", path=path, model=req.get("model"), stream=stream)
+        self.record("request", path=path, model=req.get("model"), stream=stream,
+                    authorization=getattr(self, "authorization", ""),
+                    stream_options=req.get("stream_options"))
         if self.args.fail_status:
             code = self.args.fail_status
             return await send_json(writer, code, error_body("fake failure", "fake", code), keep)

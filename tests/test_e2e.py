@@ -47,7 +47,9 @@ def cluster(tmp_path_factory):
                    what="llmgw up")
         assert up.proc.poll() is None, up.log()[-3000:]
         assert "gemma-3-270m (ready)" in up.log(), up.log()[-3000:]
-        yield {"url": f"http://127.0.0.1:{port}", "env": env, "up": up, "data": data}
+        api_key = (data / "demo_api_key").read_text().strip()
+        assert api_key in up.log()  # printed for the user
+        yield {"url": f"http://127.0.0.1:{port}", "env": env, "up": up, "data": data, "key": api_key}
     finally:
         up.stop(timeout_s=60)
     assert "Traceback" not in up.log(), up.log()[-5000:]
@@ -61,7 +63,7 @@ def manage(cluster, code: str) -> str:
 
 
 def test_the_openai_client_gets_a_real_chat_completion_from_gemma(cluster):
-    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
     reply = client.chat.completions.create(model="gemma-3-270m", max_tokens=12,
                                            messages=[{"role": "user", "content": "Say hello."}])
     assert reply.choices[0].message.content.strip()
@@ -69,7 +71,7 @@ def test_the_openai_client_gets_a_real_chat_completion_from_gemma(cluster):
 
 
 def test_the_openai_client_streams_several_chunks(cluster):
-    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
     stream = client.chat.completions.create(model="gemma-3-270m", max_tokens=12, stream=True,
                                             messages=[{"role": "user", "content": "Count to five."}])
     pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
@@ -77,7 +79,7 @@ def test_the_openai_client_streams_several_chunks(cluster):
 
 
 def test_models_list_names_gemma(cluster):
-    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
     assert "gemma-3-270m" in [m.id for m in client.models.list()]
 
 

@@ -31,9 +31,16 @@ def servers(django_db_setup, django_db_blocker, tmp_path_factory):
 
 
 @pytest.fixture
-def client(servers):
-    """Every gateway test talks through this client (authentication arrives in one place)."""
-    with httpx.Client(base_url=servers["url"], timeout=30) as c:
+def api_key(transactional_db) -> str:
+    from gateway.models import ApiKey
+
+    return ApiKey.create_key("tests")[1]
+
+
+@pytest.fixture
+def client(servers, api_key):
+    """Every gateway test talks through this client, which carries a valid API key."""
+    with httpx.Client(base_url=servers["url"], timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as c:
         yield c
 
 
@@ -59,7 +66,7 @@ def test_chat_completion_is_relayed(client, servers, make_model):
     body = r.json()
     assert body["choices"][0]["message"]["content"].startswith("tok0")
     assert body["usage"]["completion_tokens"] == 8
-    assert r.headers["x-llmgw-replica"]
+    assert r.headers["x-llmgw-replica"].endswith("@local")
     assert float(r.headers["x-llmgw-overhead-ms"]) >= 0
 
 

@@ -88,3 +88,55 @@ def test_stopping_the_cluster_drains_ready_replicas(make_model, cluster):
     cluster.save()
     reconciler.reconcile()
     assert Replica.objects.get().state == "draining"
+
+
+def test_engine_load_comes_from_metrics_and_goes_unknown_when_stale(make_model, settings):
+    from datetime import timedelta
+
+    from fleet.reconciler import _loads
+    from fleet.scaling import Load
+
+    agent = connected_agent()
+    m = make_model("m", min_replicas=1, max_replicas=3)
+    m.profile.metric_running, m.profile.metric_waiting = "vllm:num_requests_running", "vllm:num_requests_waiting"
+    m.profile.save()
+    now = timezone.now()
+    Replica.objects.create(model=m, profile=m.profile, agent=agent, state="ready", port=1,
+                           load_running=3, load_waiting=5, load_reported_at=now)
+    assert _loads(now, {})[m.pk] == Load(1, 3, 5)
+    later = now + timedelta(seconds=settings.LLMGW_LOAD_STALE_S + 1)
+    assert _loads(later, {})[m.pk] == Load(1, None, None)  # stale is unknown, never 0
+
+
+def test_engines_without_metrics_fall_back_to_the_gateways_in_flight_counts(make_model):
+    from fleet.reconciler import _loads
+    from fleet.scaling import Load
+
+    agent = connected_agent()
+    m = make_model("m", min_replicas=1, max_replicas=3)
+    r = Replica.objects.create(model=m, profile=m.profile, agent=agent, state="ready", port=1)
+    assert _loads(timezone.now(), {r.pk: 7})[m.pk] == Load(1, 7, 0)
+    assert _loads(timezone.now(), {})[m.pk] == Load(1, None, 0)  # no fresh report: unknown
+
+
+def test_a_scale_step_is_recorded_as_an_event(make_model, cluster):
+    from datetime import timedelta
+
+    from fleet.models import ScalingEvent
+    from fleet.usage import record_report
+
+    cluster.scale_up_waiting = 1
+    cluster.scale_up_after_s = 0
+    cluster.save()
+    agent = connected_agent()
+    m = make_model("m", min_replicas=1, max_replicas=2)
+    m.profile.metric_running, m.profile.metric_waiting = "r", "w"
+    m.profile.save()
+    Replica.objects.create(model=m, profile=m.profile, agent=agent, state="ready", port=1, cpu_cores=1,
+                           load_running=4, load_waiting=3, load_reported_at=timezone.now())
+    ModelState.objects.create(model=m, busy_since=timezone.now() - timedelta(seconds=1))
+    reconciler.reconcile()
+    event = ScalingEvent.objects.get(model=m)
+    assert (event.from_replicas, event.to_replicas) == (1, 2) and "3.0 waiting per replica" in event.reason
+    assert Replica.objects.filter(model=m).count() == 2
+    assert ModelState.objects.get(model=m).extra_replicas == 1

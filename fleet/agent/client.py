@@ -45,7 +45,8 @@ class Agent:
         self.options = options
         self.config = config
         self._status_due = asyncio.Event()
-        self.manager = EngineManager(config, on_change=self._status_due.set)
+        self.manager = EngineManager(config, on_change=self._status_due.set, server_url=options.server,
+                                     token=options.token)
         self._stop = asyncio.Event()
         self._restart = False
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 import httpx
 
+from fleet.agent.cache import WeightsCache
 from fleet.agent.metrics import read_load
 from fleet.agent.weights import WeightsError, fetch_weights
 from fleet.protocol import AssignedReplica, ReplicaReport
@@ -45,6 +46,7 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     readiness_poll_s: float = 0.1  # the longest pause between readiness checks (local GETs are cheap)
     load_poll_s: float = 5.0
+    cache_max_bytes: int = 0  # size limit of the mirror: weights cache (LRU eviction); 0 = none
 
     @property
     def cache_dir(self) -> Path:
@@ -131,6 +133,8 @@ class Engine:
     log_path: Path | None = None
     adopted: bool = False
     stopping: bool = False
+    #: Fraction (0..1) of its weights downloaded while ``downloading``; None otherwise.
+    progress: float | None = None
 
     @property
     def replica_id(self) -> int:
@@ -145,6 +149,7 @@ class Engine:
             "error": self.error,
             "running": self.running,
             "waiting": self.waiting,
+            "progress": self.progress,
         }
 
     def alive(self) -> bool:
@@ -170,9 +175,14 @@ class Engine:
 class EngineManager:
     """Keeps this machine's engines equal to the last desired set received."""
 
-    def __init__(self, config: AgentConfig, on_change: Callable[[], None]) -> None:
+    def __init__(self, config: AgentConfig, on_change: Callable[[], None], server_url: str = "",
+                 token: str = "") -> None:
         self.config = config
         self.on_change = on_change
+        #: The control plane and this agent's token, for ``mirror:`` weights.
+        self.server_url, self.token = server_url, token
+        self.weights_cache = WeightsCache(config.cache_dir / "mirror", max_bytes=config.cache_max_bytes,
+                                          in_use=self._mirror_in_use)
         self.engines: dict[int, Engine] = {}
         #: Reports of engines stopped since the last status, sent once then forgotten.
         self.finished: dict[int, ReplicaReport] = {}
@@ -259,7 +269,17 @@ class EngineManager:
         try:
             engine.state = S.DOWNLOADING
             self._changed()
-            weights = await asyncio.to_thread(fetch_weights, spec["weights"], self.config.cache_dir)
+            loop = asyncio.get_running_loop()
+
+            def progress(done: int, total: int) -> None:  # called in the download thread
+                with contextlib.suppress(RuntimeError):  # the loop closed while the thread ran on
+                    loop.call_soon_threadsafe(self._download_progress, engine, done, total)
+
+            weights = await asyncio.to_thread(
+                fetch_weights, spec["weights"], self.config.cache_dir, server=self.server_url, token=self.token,
+                cache=self.weights_cache, progress=progress,
+            )
+            engine.progress = None
             engine.port = self._pick_port()
             engine.log_path = self.config.log_dir / f"replica-{engine.replica_id}.log"
             values = {
@@ -303,6 +323,17 @@ class EngineManager:
             raise
         except (WeightsError, _EngineFailed, OSError, ValueError, KeyError, IndexError) as exc:
             await self._fail(engine, str(exc))
+
+    def _download_progress(self, engine: Engine, done: int, total: int) -> None:
+        """From the download thread (via the loop): report the fraction while downloading."""
+        if engine.state == S.DOWNLOADING and not engine.stopping:
+            engine.progress = round(done / total, 4) if total else None
+            self.on_change()
+
+    def _mirror_in_use(self) -> set[str]:
+        """Names of mirrored weights this machine's engines use: never evicted."""
+        return {e.spec["weights"].partition(":")[2] for e in list(self.engines.values())
+                if str(e.spec.get("weights", "")).startswith("mirror:")}
 
     async def _watch(self, engine: Engine) -> None:
         """While ready: notice the engine exiting; read its load every few seconds."""

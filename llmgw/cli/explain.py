@@ -4,8 +4,9 @@ import json
 
 from django.utils import timezone
 
-from catalog.models import Model
-from fleet.models import ModelState
+from catalog.models import Benchmark, ClusterSettings, Model
+from catalog.schedules import active_window, describe
+from fleet.models import ModelState, ScalingEvent
 
 HELP = "Explain a model's state: desired and ready replicas, demand, last use, placement reason."
 
@@ -26,8 +27,21 @@ def explain_model(model: Model) -> dict:
     replicas = list(model.replicas.select_related("agent").order_by("-id")[:20])
     used = [r.last_used_at for r in replicas if r.last_used_at]
     last_used = max(used) if used else None
+    cluster = ClusterSettings.get_solo()
+    windows = [w.as_window() for w in model.schedule_windows.all()]
+    window = active_window(windows, timezone.now(), cluster.time_zone) if windows else None
+    bench = Benchmark.objects.filter(model=model, profile_id=model.profile_id).first()
+    events = list(ScalingEvent.objects.filter(model=model)[:5])
+    failed = [r for r in replicas if r.state == "failed"]
     return {
         "model": model.name,
+        "schedule": [describe(w) for w in windows],
+        "window_now": describe(window) if window else None,
+        "load_extra_replicas": state.extra_replicas if state else 0,
+        "measured_per_replica": bench.max_concurrency if bench else None,
+        "scaling_events": [{"at": e.at.isoformat(), "from": e.from_replicas, "to": e.to_replicas, "why": e.reason}
+                           for e in events],
+        "last_failure": failed[0].error if failed else None,
         "on_demand": model.on_demand,
         "external": model.is_external,
         "min_replicas": model.min_replicas,
@@ -62,6 +76,14 @@ def run(options, stdout, stderr) -> int:
     stdout.write(f"  wanted at:   {info['wanted_at'] or 'not wanted'}\n")
     idle = "never used" if info["idle_for_s"] is None else f"idle for {info['idle_for_s']:.0f} s"
     stdout.write(f"  last used:   {info['last_used_at'] or '-'} ({idle})\n")
+    if info["schedule"]:
+        stdout.write(f"  schedule:    {'; '.join(info['schedule'])} — now: {info['window_now'] or 'outside every window'}\n")
+    if info["measured_per_replica"]:
+        stdout.write(f"  measured:    {info['measured_per_replica']} concurrent per replica within its SLO\n")
+    for e in info["scaling_events"]:
+        stdout.write(f"  scaled:      {e['at']} {e['from']} → {e['to']}: {e['why']}\n")
+    if info["last_failure"]:
+        stdout.write("  last failure:\n" + "\n".join("    " + line for line in info["last_failure"].splitlines()[-15:]) + "\n")
     for r in info["replicas"]:
         stdout.write(f"  replica {r['id']:>5} on {r['agent']:<16} {r['state']:<11} {r['reason']}"
                      + (f" — {r['error']}" if r["error"] else "") + "\n")

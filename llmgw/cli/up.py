@@ -116,7 +116,25 @@ class Group:
                 proc.wait()
 
 
-def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group) -> bool:
+def ensure_demo_key() -> str:
+    """The demo's API key: kept (in clear, mode 600) in the data directory so repeated
+    `up` runs print the same working key; re-created if it was revoked or deleted."""
+    from fleet import tokens
+    from gateway.models import ApiKey
+
+    path = Path(settings.DATA_DIR) / "demo_api_key"
+    clear = path.read_text().strip() if path.exists() else ""
+    if clear:
+        key = ApiKey.objects.filter(prefix=tokens.token_prefix(clear)).first()
+        if key and tokens.token_matches(clear, key.sha256) and key.state == "active":
+            return clear
+    _, clear = ApiKey.create_key("demo")
+    path.write_text(clear)
+    path.chmod(0o600)
+    return clear
+
+
+def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group, api_key: str) -> bool:
     """Poll with a tiny completion until the model answers; False on timeout."""
     body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1}).encode()
     deadline = time.monotonic() + timeout_s
@@ -124,7 +142,7 @@ def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group) ->
         if group.first_exited():
             return False
         req = urllib.request.Request(f"{base_url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 if resp.status == 200:
@@ -145,6 +163,7 @@ def run(options, stdout, stderr) -> int:
     if not options["no_demo"]:
         seed_demo()
     user, password = ensure_admin(stdout)
+    api_key = ensure_demo_key()
     _, token = Agent.create_with_token("local")
     host, port = options["host"], options["port"]
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -175,7 +194,7 @@ def run(options, stdout, stderr) -> int:
     ready = False
     if not options["no_demo"]:
         waiter = threading.Thread(target=lambda: setattr(wait_for_model, "ok", wait_for_model(
-            base_url, DEMO_MODEL, options["ready_timeout_s"], group)), daemon=True)
+            base_url, DEMO_MODEL, options["ready_timeout_s"], group, api_key)), daemon=True)
         waiter.start()
         while waiter.is_alive() and not stopping.is_set():
             waiter.join(0.5)
@@ -186,6 +205,7 @@ def run(options, stdout, stderr) -> int:
             "=" * 72,
             f"llmgw is up: {base_url}",
             f"  admin:    {base_url}/admin/   user {user}   password {password}",
+            f"  API key:  {api_key}",
         ]
         if not options["no_demo"]:
             state = "ready" if ready else "NOT ready yet (see the log above)"
@@ -193,6 +213,7 @@ def run(options, stdout, stderr) -> int:
                 f"  model:    {DEMO_MODEL} ({state})",
                 "  try it:",
                 f"    curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+                f"      -H 'Authorization: Bearer {api_key}' \\",
                 f"      -d '{{\"model\": \"{DEMO_MODEL}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Say hello\"}}], \"max_tokens\": 32}}'",
             ]
         banner += ["  stop:     Ctrl-C", "=" * 72, ""]

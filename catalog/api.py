@@ -1,0 +1,69 @@
+"""REST API for the catalog (staff only): models, engine profiles, schedule windows.
+
+Want, evict and explain act on the fleet and live in ``fleet.api`` (catalog imports no
+fleet); ``llmgw.api_urls`` mounts both under ``/api/``.
+"""
+
+from __future__ import annotations
+
+from django.db.models import ProtectedError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from catalog.models import Model, Profile, ScheduleWindow
+from catalog.serializers import ModelSerializer, ProfileSerializer, ScheduleWindowSerializer
+
+
+def int_param(request, name: str) -> int | None:
+    """An optional positive integer query parameter; 400 with a field message if malformed."""
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise ValidationError({name: [f"'{raw}' is not an id."]})
+    return int(raw)
+
+
+class ProtectedDestroyMixin:
+    """Deleting a row others still point at (PROTECT) answers 409 with what holds it."""
+
+    def destroy(self, request, *args, **kwargs):
+        try:
+            return super().destroy(request, *args, **kwargs)
+        except ProtectedError as exc:
+            used_by = sorted({str(o) for o in exc.protected_objects})[:10]
+            return Response({"detail": f"still in use by: {', '.join(used_by)}"}, status=status.HTTP_409_CONFLICT)
+
+
+@extend_schema_view(destroy=extend_schema(responses={204: None, 409: OpenApiTypes.OBJECT}))
+class ProfileViewSet(ProtectedDestroyMixin, viewsets.ModelViewSet):
+    """Engine profiles: how to run an engine and what one replica needs."""
+
+    queryset = Profile.objects.all()
+    serializer_class = ProfileSerializer
+
+
+class ModelViewSet(viewsets.ModelViewSet):
+    """Catalog models. ``desired`` and ``reason`` come from the last reconcile pass."""
+
+    queryset = Model.objects.select_related("profile", "fleet_state")
+    serializer_class = ModelSerializer
+
+
+@extend_schema_view(list=extend_schema(parameters=[
+    OpenApiParameter("model", int, description="Only this model's windows (its id).")]))
+class ScheduleWindowViewSet(viewsets.ModelViewSet):
+    """Time-of-day windows that raise a model's min/max (cluster time zone)."""
+
+    serializer_class = ScheduleWindowSerializer
+
+    def get_queryset(self):
+        queryset = ScheduleWindow.objects.select_related("model")
+        if self.action == "list":
+            model_id = int_param(self.request, "model")
+            if model_id is not None:
+                queryset = queryset.filter(model_id=model_id)
+        return queryset

@@ -1,0 +1,157 @@
+"""DRF serializers for the fleet: agents and their GPUs, replicas, and the shapes of the
+cluster operations' answers (status, stop/start, explain, agent and model actions)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import serializers
+
+from fleet.models import Agent, Gpu, Replica
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "name", "memory_total_mib", "memory_used_mib"]
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    """An agent as operators see it. ``connected`` is true only while it is heard from
+    (the stored flag alone can be stale); its token is never shown after creation."""
+
+    connected = serializers.SerializerMethodField()
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Agent
+        fields = ["id", "name", "connected", "cordoned", "address", "version", "connected_since", "last_seen_at",
+                  "cpu_cores", "memory_mib", "gpus", "created_at"]
+        read_only_fields = [f for f in fields if f != "name"]
+
+    def get_connected(self, obj: Agent) -> bool:
+        heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_LOST_AFTER_S)
+        return bool(obj.connected and obj.last_seen_at and obj.last_seen_at >= heard_since)
+
+
+class AgentCreatedSerializer(AgentSerializer):
+    """A new agent with its token: shown this once, stored only as a hash."""
+
+    token = serializers.CharField(read_only=True)
+
+    class Meta(AgentSerializer.Meta):
+        fields = AgentSerializer.Meta.fields + ["token"]
+
+
+class AgentActionSerializer(serializers.Serializer):
+    agent = serializers.CharField()
+    cordoned = serializers.BooleanField()
+    changed = serializers.BooleanField(help_text="False when the agent already was in that state.")
+    replicas_moved = serializers.IntegerField(help_text="Replicas drained or stopped (drain only).")
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    agent_name = serializers.CharField(source="agent.name", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = ["id", "model", "model_name", "agent", "agent_name", "state", "state_changed_at", "gpu_indices",
+                  "cpu_cores", "memory_mib", "port", "reason", "error", "ready_at", "last_used_at", "in_flight",
+                  "load_running", "load_waiting", "load_reported_at", "created_at"]
+        read_only_fields = fields
+
+
+class ModelActionSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    detail = serializers.CharField()
+    replicas_moved = serializers.IntegerField(required=False)
+
+
+# --- Documentation-only shapes of plain-data answers ---------------------------------------
+
+
+class ControlPlaneStatusSerializer(serializers.Serializer):
+    host = serializers.CharField()
+    role = serializers.CharField()
+    pid = serializers.IntegerField()
+    last_seen_at = serializers.DateTimeField()
+    leader = serializers.BooleanField()
+
+
+class AgentStatusSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    connected = serializers.BooleanField()
+    cordoned = serializers.BooleanField()
+    address = serializers.CharField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+    gpus_total = serializers.IntegerField()
+    gpus_used = serializers.IntegerField()
+    cpu_cores = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+
+
+class ModelStatusSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    desired = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    on_demand = serializers.BooleanField()
+    external = serializers.BooleanField()
+    reason = serializers.CharField(required=False, help_text="Present when ready ≠ desired or unservable.")
+
+
+class ReplicaStatusSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    agent = serializers.CharField()
+    state = serializers.CharField()
+    port = serializers.IntegerField(allow_null=True)
+    gpus = serializers.ListField(child=serializers.IntegerField())
+
+
+class ClusterStatusSerializer(serializers.Serializer):
+    """``fleet.operations.cluster_status()``: the same as ``llmgw status --json``."""
+
+    serving = serializers.BooleanField()
+    stopped = serializers.BooleanField()
+    stopped_at = serializers.DateTimeField(allow_null=True)
+    stopped_by = serializers.CharField(allow_null=True)
+    leader = serializers.CharField(allow_null=True)
+    control_planes = ControlPlaneStatusSerializer(many=True)
+    agents = AgentStatusSerializer(many=True)
+    models = ModelStatusSerializer(many=True)
+    replicas = ReplicaStatusSerializer(many=True)
+
+
+class ClusterActionSerializer(serializers.Serializer):
+    stopped = serializers.BooleanField()
+    changed = serializers.BooleanField(help_text="False when the cluster already was in that state.")
+
+
+class ExplainReplicaSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    agent = serializers.CharField()
+    state = serializers.CharField()
+    port = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField()
+    error = serializers.CharField()
+
+
+class ExplainSerializer(serializers.Serializer):
+    """``llmgw explain MODEL --json``: why a model has the replicas it has."""
+
+    model = serializers.CharField()
+    on_demand = serializers.BooleanField()
+    external = serializers.BooleanField()
+    min_replicas = serializers.IntegerField()
+    max_replicas = serializers.IntegerField()
+    desired = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    wanted_at = serializers.DateTimeField(allow_null=True)
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    idle_for_s = serializers.FloatField(allow_null=True)
+    unservable = serializers.BooleanField()
+    reason = serializers.CharField()
+    replicas = ExplainReplicaSerializer(many=True)

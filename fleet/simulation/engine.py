@@ -1,0 +1,668 @@
+"""The simulator's event loop: an in-memory shell around the real ``plan()``.
+
+It plays the parts the real cluster splits between processes, on a simulated clock:
+
+* **gateway** — routes each arriving request to the ready replica with the fewest requests
+  in flight (ties: the first); with none ready it holds the request for an on-demand model
+  (``want``: demand now, unservable forgotten, a pass requested at once) or for a model
+  with a replica coming up, and otherwise answers 503 (*rejected: unservable*). A held
+  request is answered 503 when a pass finds its model unservable, or after the cluster's
+  cold-start timeout (*rejected: cold-start timeout*).
+* **engines** — each replica has ``slots`` concurrent slots (the benchmarked max
+  concurrency); a request beyond them waits at the engine, first come first served. See
+  :class:`~fleet.simulation.catalog.LatencyModel` for TTFT and duration.
+* **reconciler** — a pass every ``reconcile_interval_s`` on a fixed grid, and an extra one
+  when a request wants a cold on-demand model or an agent reports a replica stopped (as the
+  real shell requests them), never two closer than ``pass_gap_s``. Each pass builds a
+  ``planner.Snapshot`` exactly as ``fleet.reconciler.load_snapshot`` does (load over ready
+  replicas from engine metrics or in-flight counts; last use and in-flight per replica as
+  the gateway reports them; demand kept alive by use; the window in force), calls the
+  real ``plan()`` and applies it: places, drains, stops, and stores ``outcome.scaling``.
+* **agents** — placing → starting after ``ack_s``, → ready ``cold_start_s`` after the
+  placement; stopping → stopped after ``stop_s`` (requests still in flight are cut off).
+
+One shortcut, exact by construction and checked by ``check_pruning``: models the pass
+provably leaves alone (cold on-demand models nobody wants; fixed-size models that have all
+their replicas and cannot scale) are left out of the snapshot's models — their replicas
+stay in it, so free room is the same. ``plan()`` ignores such models except to report them,
+and left in they would cost most of a pass in a long-tail catalog.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time as wallclock
+from array import array
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from catalog.schedules import active_window, window_interval
+from fleet import planner
+from fleet.scaling import Load, ScalingPolicy
+from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
+from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
+from fleet.traces import Trace
+
+S = ReplicaState
+INF = float("inf")
+_ACK, _READY, _STOPPED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated shell behaves. Durations in seconds of simulated time."""
+
+    reconcile_interval_s: float = 3.0
+    #: Shortest time between two passes: a requested pass waits for the running one.
+    pass_gap_s: float = 0.1
+    #: Placing → starting: the agent receives its desired set and starts the engine.
+    ack_s: float = 0.5
+    #: Stopping → stopped: the agent stops the engine and reports it.
+    stop_s: float = 5.0
+    #: Agents heartbeat this often (their ``last_seen_at`` in the snapshot).
+    heartbeat_s: float = 5.0
+    #: Replicas placed by the first pass (at 0 s) are ready at once: the day starts with
+    #: what the catalog keeps running already up, as a cluster that has been running would.
+    warm_start: bool = True
+    #: Simulate until this many seconds (default: the last arrival, rounded up to an hour).
+    duration_s: float | None = None
+    #: A scale step reversed within this many seconds counts as an oscillation.
+    oscillation_window_s: float = 900.0
+    #: Also plan every pass on the full snapshot and assert the same actions (slow; tests).
+    check_pruning: bool = False
+
+
+class _Rep:
+    """A simulated replica."""
+
+    __slots__ = ("id", "model", "agent_id", "gpus", "cpu_cores", "memory_mib", "state", "changed_dt",
+                 "placed_at", "last_used", "in_flight", "running", "queue", "alive", "view", "view_key")
+
+    def __init__(self, rid: int, model: "_Model", action: planner.Place, t: float, now: datetime) -> None:
+        self.id = rid
+        self.model = model
+        self.agent_id = action.agent_id
+        self.gpus = tuple(action.gpu_indices)
+        self.cpu_cores = action.cpu_cores
+        self.memory_mib = action.memory_mib
+        self.state = S.PLACING
+        self.changed_dt = now
+        self.placed_at = t
+        self.last_used: float | None = None  # never told
+        self.in_flight = 0  # running + waiting at this engine
+        self.running = 0
+        self.queue: deque = deque()  # (arrival_s, ttft_service_s, duration_s)
+        self.alive = True
+        self.view: planner.ReplicaView | None = None
+        self.view_key: tuple | None = None
+
+
+class _Model:
+    """A catalog model's runtime state, the fleet's memory of it, and its counters."""
+
+    def __init__(self, index: int, spec: ModelSpec) -> None:
+        self.index = index
+        self.id = index + 1
+        self.spec = spec
+        lat = spec.latency
+        self.slots = lat.slots
+        self.ttft_base_s = lat.ttft_base_ms / 1000.0
+        self.prefill_s = lat.prefill_ms_per_token / 1000.0
+        self.tpot_s = lat.tpot_ms / 1000.0
+        self.slo_s = lat.slo_ttft_ms / 1000.0
+        self.profile = (planner.ProfileView(self.id, spec.gpus_needed, spec.gpu_memory_mib)
+                        if spec.gpus_needed else
+                        planner.ProfileView(self.id, 0, 0, spec.cpu_cores, spec.memory_mib))
+        self.reps: list[_Rep] = []  # holding resources
+        self.ready: list[_Rep] = []
+        self.coming_up = 0
+        self.active = 0  # placing, starting or ready
+        self.held: deque = deque()  # (arrival_s, ttft_service_s, duration_s)
+        # Fleet memory (ModelState).
+        self.wanted_s: float | None = None
+        self.wanted_dt: datetime | None = None
+        self.extra = 0
+        self.busy_since: datetime | None = None
+        self.quiet_since: datetime | None = None
+        self.unservable = False
+        self.window_min: int | None = None
+        self.window_max: int | None = None
+        self.boundaries: list[float] = []
+        self.window_until = INF if not spec.windows else -INF
+        self.view: planner.ModelView | None = None
+        self.view_key: tuple | None = None
+        # Counters.
+        self.requests = 0
+        self.served = 0
+        self.held_count = 0
+        self.hold_s: list[float] = []
+        self.rejected_unservable = 0
+        self.rejected_timeout = 0
+        self.cut_off = 0
+        self.ttft = array("d")
+        self.slo_met = 0
+        self.gpu_s = 0.0
+        self.replica_s = 0.0
+        self.placements = 0
+        self.evictions = 0
+        self.idle_stops = 0
+        self.scale_downs = 0
+        self.steps: list[tuple[float, int, int, str]] = []
+        self.oscillations = 0
+        self.max_active = 0
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+
+
+class Simulator:
+    """One simulation of ``trace`` on ``fleet`` with ``catalog``; :meth:`run` returns the
+    raw results (see :mod:`fleet.simulation.report` for the report built from them)."""
+
+    def __init__(self, catalog: Catalog, fleet: tuple[AgentSpec, ...], trace: Trace,
+                 config: SimConfig = SimConfig(), label: str = "llmgw") -> None:
+        if not fleet:
+            raise ValueError("the simulation needs a fleet (at least one agent)")
+        self.catalog = catalog
+        self.fleet = fleet
+        self.trace = trace
+        self.config = config
+        self.label = label
+        cluster = catalog.cluster
+        self.tz = cluster.time_zone
+        self.start: datetime = trace.start
+        self.policy = planner.Policy(
+            default_idle_timeout_s=cluster.default_idle_timeout_s,
+            min_idle_before_eviction_s=cluster.min_idle_before_eviction_s,
+            drain_grace_s=cluster.drain_grace_s,
+            agent_lost_after_s=cluster.agent_lost_after_s,
+            scaling=ScalingPolicy(cluster.scale_up_waiting, cluster.scale_up_after_s, cluster.scale_down_after_s),
+        )
+        self.cold_start_timeout_s = cluster.cold_start_timeout_s
+        self.models = [_Model(i, spec) for i, spec in enumerate(catalog.models)]
+        self.by_id = {m.id: m for m in self.models}
+        by_name = {m.spec.name: m for m in self.models}
+        # Trace model index → simulated model (None: not in the catalog; the gateway 404s).
+        self.trace_models = [by_name.get(name) for name in trace.names]
+        last = trace.duration_s
+        self.end = config.duration_s if config.duration_s is not None else max(3600.0, -(-last // 3600) * 3600)
+        self._gpu_lists = {i + 1: tuple(planner.GpuView(g, a.gpu_memory_mib) for g in range(a.gpus))
+                           for i, a in enumerate(fleet)}
+        self._agents: tuple[planner.AgentView, ...] = ()
+        self._agents_seen = -INF
+        self.live: dict[int, _Rep] = {}
+        self._rid = itertools.count(1)
+        self._seq = itertools.count()
+        self.completions: list = []  # (t, seq, replica)
+        self.control: list = []  # (t, seq, kind, replica)
+        self.next_tick = 0.0
+        self.requested = INF
+        self.last_pass = -INF
+        self.holding: set[_Model] = set()
+        # Fleet-wide results.
+        self.gpus_held = 0
+        self.gpu_timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self.unknown_model = 0
+        self.unfinished = 0
+        self.passes = 0
+        self.pass_models = 0
+        self.plan_wall_s = 0.0
+        self.events: list[dict] = []  # evictions and idle stops, in order
+        self._prepare_windows()
+
+    # --- Clock ----------------------------------------------------------------------------
+
+    def at(self, t: float) -> datetime:
+        """The wall-clock instant of simulated second ``t``."""
+        return self.start + timedelta(seconds=t)
+
+    def _prepare_windows(self) -> None:
+        """Every instant a window opens or closes over the simulated span, per model, so a
+        pass asks ``active_window`` only when the answer may have changed."""
+        zone = ZoneInfo(self.tz)
+        first = self.start.astimezone(zone).date() - timedelta(days=1)
+        last = self.at(self.end).astimezone(zone).date() + timedelta(days=1)
+        for m in self.models:
+            edges = set()
+            day = first
+            while day <= last:
+                for w in m.spec.windows:
+                    if day.weekday() in w.weekdays:
+                        a, b = window_interval(w, day, zone)
+                        edges.add((a - self.start).total_seconds())
+                        edges.add((b - self.start).total_seconds())
+                day += timedelta(days=1)
+            m.boundaries = sorted(edges)
+
+    def _update_window(self, m: _Model, t: float, now: datetime) -> None:
+        w = active_window(m.spec.windows, now, self.tz)
+        m.window_min = w.min_replicas if w else None
+        m.window_max = w.max_replicas if w else None
+        i = bisect_right(m.boundaries, t)
+        m.window_until = m.boundaries[i] if i < len(m.boundaries) else INF
+
+    # --- The loop -------------------------------------------------------------------------
+
+    def run(self) -> "RawResult":
+        """Simulate from 0 to ``end`` seconds; returns the raw counters and timelines."""
+        started = wallclock.perf_counter()
+        trace = self.trace
+        ts = trace.t_s.tolist()
+        ms = [self.trace_models[i] for i in trace.model.tolist()]
+        ps = trace.prompt_tokens.tolist()
+        os_ = trace.output_tokens.tolist()
+        n = len(ts)
+        end = self.end
+        completions, control = self.completions, self.control
+        heappush, heappop = heapq.heappush, heapq.heappop
+        seq = self._seq
+        i = 0
+        while True:
+            ta = ts[i] if i < n else INF
+            tc = completions[0][0] if completions else INF
+            tk = control[0][0] if control else INF
+            tp = self.next_tick if self.next_tick < self.requested else self.requested
+            if tc <= tk and tc <= tp and tc <= ta:
+                if tc > end:
+                    break
+                t, _, r = heappop(completions)
+                if not r.alive:
+                    continue
+                # A request finished: free its slot for the next one waiting at the engine.
+                r.in_flight -= 1
+                r.last_used = t
+                m = r.model
+                m.served += 1
+                q = r.queue
+                if q:
+                    arrival, ttft_s, dur = q.popleft()
+                    x = t - arrival + ttft_s
+                    m.ttft.append(x)
+                    if x <= m.slo_s:
+                        m.slo_met += 1
+                    heappush(completions, (t + dur, next(seq), r))
+                else:
+                    r.running -= 1
+            elif tk <= tp and tk <= ta:
+                if tk > end:
+                    break
+                t, _, kind, r = heappop(control)
+                if kind == _READY:
+                    self._ready(t, r)
+                elif kind == _STOPPED:
+                    self._stopped(t, r)
+                elif r.state == S.PLACING:
+                    check_transition(r.state, S.STARTING)
+                    r.state = S.STARTING
+                    r.changed_dt = self.at(t)
+            elif tp <= ta:
+                if tp > end:
+                    break
+                self._pass(tp)
+            else:
+                if ta > end:
+                    break
+                m = ms[i]
+                p, o = ps[i], os_[i]
+                i += 1
+                if m is None:
+                    self.unknown_model += 1
+                    continue
+                m.requests += 1
+                ttft_s = m.ttft_base_s + p * m.prefill_s
+                dur = ttft_s + o * m.tpot_s
+                if m.ready:
+                    self._route(m, ta, ta, ttft_s, dur)
+                else:
+                    self._no_ready_replica(m, ta, ttft_s, dur)
+        self._finish(end)
+        return RawResult(self, wallclock.perf_counter() - started)
+
+    def _route(self, m: _Model, t: float, arrival: float, ttft_s: float, dur: float) -> None:
+        """Send a request to the ready replica with the fewest in flight (gateway.routing)."""
+        ready = m.ready
+        r = ready[0]
+        if len(ready) > 1:
+            least = r.in_flight
+            for x in ready:
+                if x.in_flight < least:
+                    r, least = x, x.in_flight
+        r.in_flight += 1
+        r.last_used = t
+        if r.running < m.slots:
+            r.running += 1
+            x = t - arrival + ttft_s
+            m.ttft.append(x)
+            if x <= m.slo_s:
+                m.slo_met += 1
+            heapq.heappush(self.completions, (t + dur, next(self._seq), r))
+        else:
+            r.queue.append((arrival, ttft_s, dur))
+
+    def _no_ready_replica(self, m: _Model, t: float, ttft_s: float, dur: float) -> None:
+        """The gateway's cold path: hold (and want, for an on-demand model) or answer 503."""
+        if m.spec.on_demand:
+            self._hold(m, t, ttft_s, dur)
+            self._want(m, t)
+        elif m.coming_up:
+            self._hold(m, t, ttft_s, dur)
+        else:
+            m.rejected_unservable += 1
+
+    def _hold(self, m: _Model, t: float, ttft_s: float, dur: float) -> None:
+        m.held.append((t, ttft_s, dur))
+        m.held_count += 1
+        self.holding.add(m)
+
+    def _want(self, m: _Model, t: float) -> None:
+        """``fleet.demand.want``: wanted now, a failed placement forgotten, a pass at once.
+        While a replica of the model is already on its way, the pass this would request
+        decides nothing new for it, so the simulator leaves it to the next tick."""
+        m.wanted_s = t
+        m.wanted_dt = None
+        if m.unservable or not m.coming_up:
+            m.unservable = False
+            self._request_pass(t)
+
+    def _request_pass(self, t: float) -> None:
+        when = max(t, self.last_pass + self.config.pass_gap_s)
+        if when < self.requested:
+            self.requested = when
+
+    # --- Agents ---------------------------------------------------------------------------
+
+    def _ready(self, t: float, r: _Rep) -> None:
+        if r.state not in COMING_UP:
+            return  # stopped before it became ready
+        check_transition(r.state, S.READY)
+        r.state = S.READY
+        r.changed_dt = self.at(t)
+        m = r.model
+        m.coming_up -= 1
+        m.ready.append(r)
+        timeout = self.cold_start_timeout_s
+        held = m.held
+        while held:
+            arrival, ttft_s, dur = held.popleft()
+            if t >= arrival + timeout:
+                m.rejected_timeout += 1
+                continue
+            m.hold_s.append(t - arrival)
+            self._route(m, t, arrival, ttft_s, dur)
+        self.holding.discard(m)
+
+    def _stopped(self, t: float, r: _Rep) -> None:
+        check_transition(r.state, S.STOPPED)
+        r.state = S.STOPPED
+        m = r.model
+        del self.live[r.id]
+        m.reps.remove(r)
+        self._release(t, r)
+        self._request_pass(t)  # fleet.reports: a stopped replica frees room, so a pass runs
+
+    def _release(self, t: float, r: _Rep) -> None:
+        m = r.model
+        held_s = t - r.placed_at
+        m.gpu_s += held_s * m.spec.gpus_needed
+        m.replica_s += held_s
+        self.gpus_held -= m.spec.gpus_needed
+        self.gpu_timeline.append((t, self.gpus_held))
+
+    def _cut_off(self, r: _Rep) -> None:
+        """The engine stops: whatever is still in flight there is lost."""
+        r.model.cut_off += r.in_flight
+        r.alive = False
+        r.in_flight = r.running = 0
+        r.queue.clear()
+
+    # --- Passes ---------------------------------------------------------------------------
+
+    def _pass(self, t: float) -> None:
+        cfg = self.config
+        if t >= self.next_tick:
+            # The tick grid is k × interval; a requested pass does not move it.
+            interval = cfg.reconcile_interval_s
+            self.next_tick = (math.floor(t / interval + 1e-9) + 1) * interval
+        if self.requested <= t:
+            self.requested = INF
+        self.last_pass = t
+        now = self.at(t)
+        self._expire_held(t)
+        snapshot, included = self._snapshot(t, now, full=False)
+        began = wallclock.perf_counter()
+        result = planner.plan(snapshot, now)
+        self.plan_wall_s += wallclock.perf_counter() - began
+        self.passes += 1
+        self.pass_models += len(included)
+        if cfg.check_pruning:
+            self._check_pruning(t, now, result, included)
+        self._apply(result, t, now, included)
+
+    def _expire_held(self, t: float) -> None:
+        timeout = self.cold_start_timeout_s
+        for m in list(self.holding):
+            held = m.held
+            while held and t >= held[0][0] + timeout:
+                held.popleft()
+                m.rejected_timeout += 1
+            if not held:
+                self.holding.discard(m)
+
+    def _load(self, m: _Model) -> tuple[int, int, int] | None:
+        """``fleet.reconciler._loads``: over ready replicas, from engine metrics when the
+        profile declares them, else in-flight counts as running with nothing waiting."""
+        ready = m.ready
+        if not ready:
+            return None
+        if m.spec.engine_metrics:
+            return len(ready), sum(r.running for r in ready), sum(len(r.queue) for r in ready)
+        return len(ready), sum(r.in_flight for r in ready), 0
+
+    def _leave_out(self, m: _Model) -> bool:
+        """True when ``plan()`` provably decides nothing for ``m`` (module docstring)."""
+        if m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None:
+            return False
+        low = m.window_min if m.window_min is not None else m.spec.min_replicas
+        if m.active == 0 and low == 0:
+            return True  # cold: base 0, nothing to place, nothing to scale
+        if not m.spec.on_demand:
+            ceiling = m.window_max if m.window_max else m.spec.max_replicas
+            return ceiling <= low and m.active == low  # all there, and no room to scale
+        return False
+
+    def _model_view(self, m: _Model, t: float) -> planner.ModelView:
+        if m.wanted_s is not None and m.wanted_dt is None:
+            m.wanted_dt = self.at(m.wanted_s)
+        load = self._load(m)
+        key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, load)
+        if key != m.view_key:
+            spec = m.spec
+            m.view = planner.ModelView(
+                id=m.id, name=spec.name, profile=m.profile, min_replicas=spec.min_replicas,
+                max_replicas=spec.max_replicas, on_demand=spec.on_demand, idle_timeout_s=spec.idle_timeout_s,
+                wanted_at=m.wanted_dt, window_min=m.window_min, window_max=m.window_max,
+                extra_replicas=m.extra, busy_since=m.busy_since, quiet_since=m.quiet_since,
+                load=Load(*load) if load else None,
+                measured_per_replica=spec.latency.slots if spec.latency.measured else None,
+            )
+            m.view_key = key
+        return m.view
+
+    def _replica_view(self, r: _Rep, t: float, fresh: bool) -> planner.ReplicaView:
+        """As the gateway reports it: last use (``now`` while requests are in flight; None if
+        never used) and the in-flight count. A replica of a model left out of the pass only
+        needs its state and resources right, so its view is rebuilt when the state moves."""
+        if not fresh and r.view is not None and r.view.state == r.state:
+            return r.view
+        flight = r.in_flight
+        used = t if flight else r.last_used
+        key = (r.state, r.changed_dt, used, flight)
+        if key != r.view_key:
+            r.view = planner.ReplicaView(
+                id=r.id, model_id=r.model.id, agent_id=r.agent_id, state=r.state, gpu_indices=r.gpus,
+                cpu_cores=r.cpu_cores, memory_mib=r.memory_mib, state_changed_at=r.changed_dt,
+                last_used_at=None if used is None else self.at(used), in_flight=flight,
+            )
+            r.view_key = key
+        return r.view
+
+    def _agent_views(self, t: float) -> tuple[planner.AgentView, ...]:
+        if t - self._agents_seen >= self.config.heartbeat_s:
+            self._agents_seen = t
+            seen = self.at(t)
+            self._agents = tuple(
+                planner.AgentView(id=i + 1, name=a.name, connected=True, last_seen_at=seen,
+                                  gpus=self._gpu_lists[i + 1], cpu_cores=a.cpu_cores, memory_mib=a.memory_mib)
+                for i, a in enumerate(self.fleet))
+        return self._agents
+
+    def _snapshot(self, t: float, now: datetime, full: bool) -> tuple[planner.Snapshot, list[_Model]]:
+        included = []
+        for m in self.models:
+            if t >= m.window_until:
+                self._update_window(m, t, now)
+            if m.wanted_s is not None:
+                # fleet.usage.keep_demand_alive: use moves a wanted model's demand forwards.
+                for r in m.reps:
+                    used = t if r.in_flight else r.last_used
+                    if used is not None and used > m.wanted_s:
+                        m.wanted_s, m.wanted_dt = used, None
+            if full or not self._leave_out(m):
+                included.append(m)
+        views = tuple(self._model_view(m, t) for m in included)
+        fresh = {m.id for m in included}
+        replicas = tuple(self._replica_view(r, t, full or r.model.id in fresh or r.state == S.DRAINING)
+                         for r in self.live.values())
+        return planner.Snapshot(self.policy, self._agent_views(t), views, replicas), included
+
+    def _check_pruning(self, t: float, now: datetime, result: planner.Plan, included: list[_Model]) -> None:
+        full, _ = self._snapshot(t, now, full=True)
+        expected = planner.plan(full, now)
+        if expected.actions != result.actions:
+            raise AssertionError(f"at {t:.1f} s the pruned snapshot planned {result.actions}, "
+                                 f"the full one {expected.actions}")
+        for m in included:
+            a, b = result.models[m.id], expected.models[m.id]
+            if (a.desired, a.unservable, a.forget_demand, a.scaling, a.scaled) != (
+                    b.desired, b.unservable, b.forget_demand, b.scaling, b.scaled):
+                raise AssertionError(f"at {t:.1f} s {m.spec.name}: pruned {a} != full {b}")
+        for m in self.models:
+            if m not in included:
+                b = expected.models[m.id]
+                if b.scaled or b.forget_demand or b.desired != m.active or b.scaling != planner.ScalingState(
+                        m.extra, m.busy_since, m.quiet_since):
+                    raise AssertionError(f"at {t:.1f} s {m.spec.name} was left out but the full pass changed it: {b}")
+
+    def _apply(self, result: planner.Plan, t: float, now: datetime, included: list[_Model]) -> None:
+        """``fleet.reconciler.apply_plan`` in memory."""
+        warm = self.config.warm_start and t == 0.0
+        for action in result.actions:
+            if isinstance(action, planner.Place):
+                m = self.by_id[action.model_id]
+                r = _Rep(next(self._rid), m, action, t, now)
+                self.live[r.id] = r
+                m.reps.append(r)
+                m.coming_up += 1
+                m.active += 1
+                m.placements += 1
+                m.max_active = max(m.max_active, m.active)
+                m.timeline.append((t, m.active))
+                self.gpus_held += m.spec.gpus_needed
+                self.gpu_timeline.append((t, self.gpus_held))
+                if warm:
+                    heapq.heappush(self.control, (t, next(self._seq), _READY, r))
+                else:
+                    heapq.heappush(self.control, (t + self.config.ack_s, next(self._seq), _ACK, r))
+                    heapq.heappush(self.control, (t + m.spec.cold_start_s, next(self._seq), _READY, r))
+            else:
+                self._move(action, t, now)
+        for m in included:
+            outcome = result.models.get(m.id)
+            if outcome is None:
+                continue
+            m.extra = outcome.scaling.extra
+            m.busy_since = outcome.scaling.busy_since
+            m.quiet_since = outcome.scaling.quiet_since
+            m.unservable = outcome.unservable
+            if outcome.forget_demand:
+                m.wanted_s = m.wanted_dt = None
+            if outcome.scaled is not None:
+                self._record_step(m, t, outcome.scaled)
+            if m.held and (outcome.unservable or (not m.spec.on_demand and not m.coming_up and not m.ready)):
+                # The gateway answers a held request 503 once a pass after its want says so.
+                m.rejected_unservable += len(m.held)
+                m.held.clear()
+                self.holding.discard(m)
+
+    def _move(self, action: planner.Move, t: float, now: datetime) -> None:
+        r = self.live.get(action.replica_id)
+        if r is None:
+            return
+        old, new = r.state, action.to
+        check_transition(old, new)
+        m = r.model
+        r.state = new
+        r.changed_dt = now
+        if old == S.READY:
+            m.ready.remove(r)
+        if old in COMING_UP:
+            m.coming_up -= 1
+        if old in COUNTS_TOWARDS_DESIRED and new not in COUNTS_TOWARDS_DESIRED:
+            m.active -= 1
+            m.timeline.append((t, m.active))
+        if new == S.DRAINING:
+            why = action.reason
+            if why.startswith("evicted "):
+                m.evictions += 1
+                kind = "eviction"
+            elif why.startswith("idle for "):
+                m.idle_stops += 1
+                kind = "idle"
+            else:
+                m.scale_downs += 1
+                kind = "surplus"
+            self.events.append({"t_s": round(t, 3), "kind": kind, "model": m.spec.name, "replica": r.id,
+                                "last_used_s": None if r.last_used is None else round(r.last_used, 3),
+                                "reason": why})
+        elif new in (S.STOPPING, S.LOST):
+            if r.in_flight:
+                self._cut_off(r)
+            r.alive = False
+            heapq.heappush(self.control, (t + self.config.stop_s, next(self._seq), _STOPPED, r))
+            if new == S.LOST:
+                r.state = S.STOPPING  # nothing goes silent here; treat it as a stop
+
+    def _record_step(self, m: _Model, t: float, scaled: tuple[int, int, str]) -> None:
+        before, after, why = scaled
+        if m.steps:
+            last_t, last_from, last_to, _ = m.steps[-1]
+            if (after - before) * (last_to - last_from) < 0 and t - last_t <= self.config.oscillation_window_s:
+                m.oscillations += 1
+        m.steps.append((t, before, after, why))
+
+    def _finish(self, end: float) -> None:
+        """Close the books at ``end``: held requests that never got a replica timed out or
+        are unfinished, as are requests still at an engine; replicas still up are billed."""
+        for m in self.models:
+            for arrival, _, _ in m.held:
+                if end >= arrival + self.cold_start_timeout_s:
+                    m.rejected_timeout += 1
+                else:
+                    self.unfinished += 1
+            m.held.clear()
+        for r in list(self.live.values()):
+            if r.alive:
+                self.unfinished += r.in_flight
+            self._release(end, r)
+        self.gpu_timeline.append((end, self.gpus_held))
+
+
+class RawResult:
+    """What one run produced: the simulator's models and fleet counters, and its wall time."""
+
+    def __init__(self, sim: Simulator, wall_s: float) -> None:
+        self.sim = sim
+        self.wall_s = wall_s

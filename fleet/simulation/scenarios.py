@@ -1,0 +1,72 @@
+"""Ready-made scenarios: a catalog and a trace that belong together.
+
+``diurnal_long_tail``: a working day on a shared cluster — a few heavily used models kept
+running (more replicas in office hours, load scaling on top), a set of team models started
+on demand (some kept warm in office hours), and a long tail of rarely used on-demand models,
+more models than GPUs. The benchmark (``bench/simulate_day.py``) and the README's published
+result use it; ``llmgw simulate --scenario diurnal-long-tail`` runs it.
+"""
+
+from __future__ import annotations
+
+from datetime import time
+
+import numpy as np
+
+from catalog.schedules import Window
+from fleet import traces
+from fleet.simulation.catalog import Catalog, ClusterSpec, LatencyModel, ModelSpec
+
+WEEKDAYS = (0, 1, 2, 3, 4)
+SCENARIOS = ("diurnal-long-tail",)
+
+
+def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 1,
+                      head: int = 10, team: int = 30) -> tuple[Catalog, str, traces.Trace]:
+    """(catalog, fleet spec, trace) of the diurnal long-tail day.
+
+    * ``head`` models (the first 3 need 2 GPUs): min 1, max 8, min 2 on weekdays
+      08:00–19:00; benchmarked (24–32 slots, TTFT SLO 1 s); 86% of requests.
+    * ``team`` models: on demand, idle timeout 15 min, max 2; the first third kept at min 1
+      on weekdays 09:00–18:00; 12% of requests.
+    * the rest, the long tail: on demand, idle timeout 5 min, max 1, no benchmark
+      (defaults); visited in short sessions, about 3 a day each.
+
+    Fleet ``8x8xH100-80G`` (64 GPUs). The trace starts on a Monday at midnight UTC.
+    """
+    if models < head + team + 1:
+        raise ValueError(f"the scenario needs more than {head + team} models")
+    tail = models - head - team
+    specs: list[ModelSpec] = []
+    for i in range(head):
+        big = i < 3
+        specs.append(ModelSpec(
+            name=f"head-{i + 1:02d}{'-70b' if big else '-8b'}", gpus_needed=2 if big else 1, gpu_memory_mib=81920,
+            min_replicas=1, max_replicas=8, cold_start_s=150.0 if big else 60.0,
+            windows=(Window(WEEKDAYS, time(8, 0), time(19, 0), 2, 8, 1),),
+            latency=LatencyModel(slots=24 if big else 32, ttft_base_ms=120 if big else 60,
+                                 prefill_ms_per_token=0.15 if big else 0.05, tpot_ms=40 if big else 22,
+                                 slo_ttft_ms=1000, measured=True)))
+    for i in range(team):
+        warm = i < team // 3
+        specs.append(ModelSpec(
+            name=f"team-{i + 1:02d}", gpus_needed=1, gpu_memory_mib=40960, min_replicas=0, max_replicas=2,
+            on_demand=True, idle_timeout_s=900.0, cold_start_s=60.0,
+            windows=(Window(WEEKDAYS, time(9, 0), time(18, 0), 1, 2, 1),) if warm else (),
+            latency=LatencyModel(slots=16, ttft_base_ms=60, prefill_ms_per_token=0.05, tpot_ms=25,
+                                 slo_ttft_ms=1000, measured=True)))
+    for i in range(tail):
+        specs.append(ModelSpec(
+            name=f"tail-{i + 1:03d}", gpus_needed=1, gpu_memory_mib=40960, min_replicas=0, max_replicas=1,
+            on_demand=True, idle_timeout_s=300.0, cold_start_s=45.0))
+    catalog = Catalog(tuple(specs), ClusterSpec())
+
+    names = [s.name for s in specs]
+    rare = traces.long_tail(names[head + team:], seed=seed + 1, sessions_per_day=3.0, requests_per_session=4.0)
+    weights = np.concatenate([0.86 / 0.98 * traces.zipf_weights(head, 1.0),
+                              0.12 / 0.98 * traces.zipf_weights(team, 1.0)])
+    busy = traces.diurnal(names[: head + team], max(0, requests - len(rare)), seed=seed, weights=weights)
+    trace = traces.merge(busy, rare, description=(
+        f"diurnal long-tail day: {requests:,} requests, {models} models ({head} head, {team} team, "
+        f"{tail} long tail), office hours 9–18 UTC"))
+    return catalog, "8x8xH100-80G", trace

@@ -1,0 +1,390 @@
+"""Request traces for the fleet simulator: the file format, readers, writers and generators.
+
+A trace is a list of requests, each ``(t_s, model, prompt_tokens, output_tokens)``:
+``t_s`` seconds since the trace's start (floats, not necessarily sorted in a file; sorted
+once read), ``model`` a catalog name, token counts as integers. A trace also knows the wall
+clock instant of ``t_s = 0`` (``start``, aware), so schedule windows line up.
+
+File formats (``.gz`` after either suffix is read and written compressed):
+
+* **JSONL** (``.jsonl``): an optional first line ``{"trace": 1, "start": "<ISO 8601>"}``,
+  then one object per request::
+
+      {"t_s": 12.5, "model": "llama-3-8b", "prompt_tokens": 512, "output_tokens": 128}
+
+* **CSV** (``.csv``): optional ``# start=<ISO 8601>`` comment lines, then the header
+  ``t_s,model,prompt_tokens,output_tokens`` and one row per request.
+
+* **Usage records** (what the gateway may export; replayed as a trace): JSONL or CSV rows
+  with an absolute time ``at`` (ISO 8601, or Unix seconds; ``timestamp``, ``started_at`` and
+  ``created`` are accepted too), ``model``, ``prompt_tokens`` and ``completion_tokens`` (or
+  ``output_tokens``). Times become ``t_s`` from the earliest record, whose instant becomes
+  the trace's start. :func:`read_trace` recognises them by the missing ``t_s`` column.
+
+Generators (all deterministic for a given ``seed``): :func:`diurnal` (a working day with
+office hours), :func:`bursts` (sudden crowds on a few models), :func:`long_tail` (many
+rarely used models, visited in short sessions), :func:`constant_rate` (evenly spaced, for
+tests) and :func:`merge`. Pure numpy and the standard library; no Django.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Iterable, Sequence
+from zoneinfo import ZoneInfo
+
+import numpy as np
+
+#: The default instant of ``t_s = 0``: a Monday, midnight UTC (a working day follows).
+DEFAULT_START = datetime(2026, 11, 30, 0, 0, tzinfo=timezone.utc)
+COLUMNS = ("t_s", "model", "prompt_tokens", "output_tokens")
+_TIME_KEYS = ("at", "timestamp", "started_at", "created")
+
+
+@dataclass
+class Trace:
+    """Requests in arrival order, column-wise (numpy arrays of equal length).
+
+    ``t_s``: float64 seconds since ``start``, sorted; ``model``: int32 indices into
+    ``names``; ``prompt_tokens`` / ``output_tokens``: int32.
+    """
+
+    t_s: np.ndarray
+    model: np.ndarray
+    names: list[str]
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    start: datetime = DEFAULT_START
+    description: str = ""
+    _sorted: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.t_s = np.asarray(self.t_s, dtype=np.float64)
+        self.model = np.asarray(self.model, dtype=np.int32)
+        self.prompt_tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
+        self.output_tokens = np.asarray(self.output_tokens, dtype=np.int32)
+        if not (len(self.t_s) == len(self.model) == len(self.prompt_tokens) == len(self.output_tokens)):
+            raise ValueError("trace columns have different lengths")
+        if len(self.t_s) and (np.any(self.t_s < 0) or not np.all(np.isfinite(self.t_s))):
+            raise ValueError("trace times must be finite and >= 0 seconds")
+        if not self._sorted:
+            order = np.argsort(self.t_s, kind="stable")
+            if np.any(order != np.arange(len(order))):
+                for name in ("t_s", "model", "prompt_tokens", "output_tokens"):
+                    setattr(self, name, getattr(self, name)[order])
+            self._sorted = True
+
+    def __len__(self) -> int:
+        return len(self.t_s)
+
+    @property
+    def duration_s(self) -> float:
+        """Time of the last arrival (seconds), 0 for an empty trace."""
+        return float(self.t_s[-1]) if len(self.t_s) else 0.0
+
+    def counts(self) -> dict[str, int]:
+        """Requests per model name."""
+        per = np.bincount(self.model, minlength=len(self.names))
+        return {name: int(n) for name, n in zip(self.names, per) if n}
+
+    def rows(self) -> Iterable[tuple[float, str, int, int]]:
+        names = self.names
+        for t, m, p, o in zip(self.t_s.tolist(), self.model.tolist(),
+                              self.prompt_tokens.tolist(), self.output_tokens.tolist()):
+            yield t, names[m], p, o
+
+
+def from_rows(rows: Iterable[Sequence], start: datetime = DEFAULT_START, description: str = "") -> Trace:
+    """A trace from ``(t_s, model, prompt_tokens, output_tokens)`` rows, in any order."""
+    index: dict[str, int] = {}
+    t_s, model, prompt, output = [], [], [], []
+    for t, name, p, o in rows:
+        t_s.append(float(t))
+        model.append(index.setdefault(str(name), len(index)))
+        prompt.append(int(p))
+        output.append(int(o))
+    return Trace(np.array(t_s, dtype=np.float64), np.array(model, dtype=np.int32), list(index),
+                 np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32), start, description)
+
+
+def merge(*traces: Trace, description: str = "") -> Trace:
+    """One trace holding every request of ``traces`` (which must share a start), by time."""
+    if not traces:
+        raise ValueError("merge() needs at least one trace")
+    start = traces[0].start
+    index: dict[str, int] = {}
+    parts = []
+    for tr in traces:
+        if tr.start != start:
+            raise ValueError("traces to merge must share their start instant")
+        remap = np.array([index.setdefault(n, len(index)) for n in tr.names] or [0], dtype=np.int32)
+        parts.append((tr.t_s, remap[tr.model] if len(tr) else tr.model, tr.prompt_tokens, tr.output_tokens))
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+    return Trace(cat[0], cat[1], list(index), cat[2], cat[3], start,
+                 description or " + ".join(t.description for t in traces if t.description))
+
+
+# --- Files ---------------------------------------------------------------------------------
+
+
+def _open_text(path: Path, mode: str):
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8", newline="")
+    return open(path, mode, encoding="utf-8", newline="")
+
+
+def _kind(path: Path) -> str:
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith(".jsonl") or name.endswith(".json") or name.endswith(".ndjson"):
+        return "jsonl"
+    raise ValueError(f"{path}: unknown trace format (use .jsonl or .csv, optionally .gz)")
+
+
+def write_trace(trace: Trace, path: str | Path) -> Path:
+    """Write ``trace`` as JSONL or CSV (by suffix) with its start instant; returns the path."""
+    path = Path(path)
+    kind = _kind(path)
+    with _open_text(path, "w") as f:
+        if kind == "jsonl":
+            f.write(json.dumps({"trace": 1, "start": trace.start.isoformat(), "description": trace.description}) + "\n")
+            quoted = [json.dumps(n) for n in trace.names]
+            f.writelines(
+                f'{{"t_s": {t:.6f}, "model": {quoted[m]}, "prompt_tokens": {p}, "output_tokens": {o}}}\n'
+                for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
+                                      trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
+            )
+        else:
+            f.write(f"# start={trace.start.isoformat()}\n")
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(COLUMNS)
+            names = trace.names
+            writer.writerows(
+                (f"{t:.6f}", names[m], p, o)
+                for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
+                                      trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
+            )
+    return path
+
+
+def _parse_instant(value) -> datetime:
+    if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+        return datetime.fromtimestamp(float(value), timezone.utc)
+    when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _records(path: Path) -> tuple[dict, list[dict]]:
+    """(header, rows as dicts) of a JSONL or CSV file."""
+    header: dict = {}
+    rows: list[dict] = []
+    with _open_text(path, "r") as f:
+        if _kind(path) == "jsonl":
+            for number, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{path}:{number}: expected an object")
+                if "model" not in obj and not rows:
+                    header = obj
+                    continue
+                rows.append(obj)
+        else:
+            lines = []
+            for line in f:
+                if line.startswith("#"):
+                    key, _, value = line[1:].strip().partition("=")
+                    header[key.strip()] = value.strip()
+                else:
+                    lines.append(line)
+            rows = list(csv.DictReader(lines))
+    return header, rows
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a trace file, or a usage-record export (see the module docstring).
+
+    Raises ValueError naming the file and line for a malformed row."""
+    path = Path(path)
+    header, rows = _records(path)
+    if rows and "t_s" not in rows[0]:
+        return _from_usage_rows(path, rows)
+    start = _parse_instant(header["start"]) if header.get("start") else DEFAULT_START
+
+    def parsed():
+        for number, row in enumerate(rows, 1):
+            try:
+                yield float(row["t_s"]), row["model"], int(row["prompt_tokens"]), int(row["output_tokens"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: request {number}: need t_s, model, prompt_tokens, "
+                                 f"output_tokens ({exc!r})") from None
+
+    return from_rows(parsed(), start, str(header.get("description") or path.name))
+
+
+def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
+    events = []
+    for number, row in enumerate(rows, 1):
+        try:
+            key = next(k for k in _TIME_KEYS if row.get(k) not in (None, ""))
+            out = row.get("completion_tokens", row.get("output_tokens"))
+            events.append((_parse_instant(row[key]), row["model"], int(row.get("prompt_tokens") or 0), int(out or 0)))
+        except (StopIteration, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: record {number}: need at (or timestamp), model, prompt_tokens, "
+                             f"completion_tokens ({exc!r})") from None
+    if not events:
+        return from_rows([], DEFAULT_START, path.name)
+    start = min(e[0] for e in events)
+    return from_rows((((at - start).total_seconds(), m, p, o) for at, m, p, o in events), start,
+                     f"usage records replayed from {path.name}")
+
+
+def from_usage_records(path: str | Path) -> Trace:
+    """Replay the gateway's exported usage records (JSONL or CSV, see the module docstring)
+    as a trace starting at the earliest record."""
+    path = Path(path)
+    _, rows = _records(path)
+    return _from_usage_rows(path, rows)
+
+
+# --- Generators ----------------------------------------------------------------------------
+
+
+def zipf_weights(n: int, s: float = 1.1) -> np.ndarray:
+    """Popularity of ``n`` models by rank (rank 1 first), ∝ 1/rank^s, summing to 1."""
+    w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return w / w.sum()
+
+
+def office_hours_rate(local_hours: np.ndarray, weekdays: np.ndarray, office: tuple[float, float] = (9.0, 18.0),
+                      night: float = 0.1, ramp_h: float = 1.0, weekends: float | None = None) -> np.ndarray:
+    """Relative arrival rate (1 = office-hours peak) at local hours of day ``local_hours``
+    (0–24, floats) on ``weekdays`` (Monday 0): ``night`` outside office hours, raised-cosine
+    ramps of ``ramp_h`` hours around ``office = (start, end)``, a 20% dip over lunch. On
+    Saturday and Sunday the whole day runs at ``weekends`` (default: ``night``)."""
+    start, end = office
+    h = np.asarray(local_hours, dtype=np.float64)
+    up = np.clip((h - (start - ramp_h / 2)) / ramp_h, 0, 1)
+    down = np.clip(((end + ramp_h / 2) - h) / ramp_h, 0, 1)
+    bump = (0.5 - 0.5 * np.cos(np.pi * up)) * (0.5 - 0.5 * np.cos(np.pi * down))
+    lunch = 1.0 - 0.2 * np.exp(-(((h - 12.75) / 0.6) ** 2))
+    rate = night + (1.0 - night) * bump * lunch
+    weekend_level = night if weekends is None else weekends
+    return np.where(np.asarray(weekdays) >= 5, weekend_level, rate)
+
+
+def _bin_hours(start: datetime, n_bins: int, bin_s: float, tz: str) -> tuple[np.ndarray, np.ndarray]:
+    """Local hour of day and weekday at the middle of each ``bin_s`` bin from ``start``."""
+    zone = ZoneInfo(tz)
+    hours = np.empty(n_bins)
+    days = np.empty(n_bins, dtype=np.int8)
+    for i in range(n_bins):
+        local = (start + timedelta(seconds=(i + 0.5) * bin_s)).astimezone(zone)
+        hours[i] = local.hour + local.minute / 60 + local.second / 3600
+        days[i] = local.weekday()
+    return hours, days
+
+
+def _arrivals(rng: np.random.Generator, n: int, rate: np.ndarray, bin_s: float) -> np.ndarray:
+    """``n`` arrival times (seconds, sorted) with density ∝ ``rate`` per bin of ``bin_s``."""
+    p = rate / rate.sum()
+    per_bin = rng.multinomial(n, p)
+    starts = np.repeat(np.arange(len(rate), dtype=np.float64) * bin_s, per_bin)
+    return np.sort(starts + rng.random(n) * bin_s)
+
+
+def _tokens(rng: np.random.Generator, n: int, median: float, sigma: float, low: int, high: int) -> np.ndarray:
+    return np.clip(np.rint(rng.lognormal(math.log(median), sigma, n)), low, high).astype(np.int32)
+
+
+def diurnal(names: Sequence[str], requests: int, *, seed: int = 0, weights: Sequence[float] | None = None,
+            days: float = 1.0, office: tuple[float, float] = (9.0, 18.0), night: float = 0.1,
+            tz: str = "UTC", start: datetime = DEFAULT_START, prompt_median: float = 600,
+            output_median: float = 180, sigma: float = 0.9) -> Trace:
+    """``requests`` requests over ``days`` days following office hours (see
+    :func:`office_hours_rate`), each for a model drawn by ``weights`` (default Zipf 1.1 by
+    the order of ``names``). Token counts are log-normal around the medians (clipped to
+    1–32,768 prompt, 1–4,096 output)."""
+    rng = np.random.default_rng(seed)
+    bin_s = 60.0
+    n_bins = max(1, int(round(days * 86400 / bin_s)))
+    hours, weekdays = _bin_hours(start, n_bins, bin_s, tz)
+    rate = office_hours_rate(hours, weekdays, office, night)
+    p = np.asarray(weights, dtype=np.float64) if weights is not None else zipf_weights(len(names))
+    t = _arrivals(rng, requests, rate, bin_s)
+    model = rng.choice(len(names), size=requests, p=p / p.sum()).astype(np.int32)
+    return Trace(t, model, list(names), _tokens(rng, requests, prompt_median, sigma, 1, 32768),
+                 _tokens(rng, requests, output_median, sigma, 1, 4096), start,
+                 f"diurnal: {requests} requests over {days:g} day(s), office hours {office[0]:g}–{office[1]:g} {tz}",
+                 _sorted=True)
+
+
+def bursts(names: Sequence[str], *, seed: int = 0, count: int = 10, size: int = 200, length_s: float = 60.0,
+           duration_s: float = 86400.0, start: datetime = DEFAULT_START, prompt_median: float = 600,
+           output_median: float = 180, sigma: float = 0.9) -> Trace:
+    """``count`` bursts at uniformly random times within ``duration_s``, each of ``size``
+    requests spread evenly at random over ``length_s`` seconds, for one model drawn
+    uniformly from ``names`` (a batch job, a demo, a new integration going live)."""
+    rng = np.random.default_rng(seed)
+    at = np.sort(rng.random(count) * max(duration_s - length_s, 0.0))
+    which = rng.integers(0, len(names), count)
+    t = (np.repeat(at, size) + rng.random(count * size) * length_s)
+    model = np.repeat(which, size).astype(np.int32)
+    n = count * size
+    return Trace(t, model, list(names), _tokens(rng, n, prompt_median, sigma, 1, 32768),
+                 _tokens(rng, n, output_median, sigma, 1, 4096), start,
+                 f"bursts: {count} × {size} requests in {length_s:g} s")
+
+
+def long_tail(names: Sequence[str], *, seed: int = 0, sessions_per_day: float = 3.0, requests_per_session: float = 4.0,
+              think_s: float = 40.0, days: float = 1.0, office: tuple[float, float] = (9.0, 18.0), night: float = 0.1,
+              tz: str = "UTC", start: datetime = DEFAULT_START, prompt_median: float = 800,
+              output_median: float = 250, sigma: float = 0.9) -> Trace:
+    """Rarely used models: each model in ``names`` gets a Poisson number of sessions
+    (mean ``sessions_per_day`` per day, at office-hours-weighted times); a session is
+    1 + Poisson(``requests_per_session`` − 1) requests, ``think_s`` apart on average
+    (exponential gaps) — someone trying a model with a few questions."""
+    rng = np.random.default_rng(seed)
+    bin_s = 60.0
+    n_bins = max(1, int(round(days * 86400 / bin_s)))
+    hours, weekdays = _bin_hours(start, n_bins, bin_s, tz)
+    rate = office_hours_rate(hours, weekdays, office, night)
+    n_sessions = rng.poisson(sessions_per_day * days, len(names))
+    total = int(n_sessions.sum())
+    session_start = _arrivals(rng, total, rate, bin_s)
+    rng.shuffle(session_start)
+    session_model = np.repeat(np.arange(len(names), dtype=np.int32), n_sessions)
+    sizes = 1 + rng.poisson(max(requests_per_session - 1, 0.0), total)
+    n = int(sizes.sum())
+    firsts = np.cumsum(sizes) - sizes
+    gaps = rng.exponential(think_s, n)
+    gaps[firsts] = 0.0  # the first request of a session starts it
+    elapsed = np.cumsum(gaps)
+    within = elapsed - np.repeat(elapsed[firsts], sizes)
+    t = np.repeat(session_start, sizes) + within
+    return Trace(t, np.repeat(session_model, sizes), list(names), _tokens(rng, n, prompt_median, sigma, 1, 32768),
+                 _tokens(rng, n, output_median, sigma, 1, 4096), start,
+                 f"long tail: {len(names)} models, {total} sessions, {n} requests")
+
+
+def constant_rate(name: str, rate_per_s: float, from_s: float, to_s: float, *, prompt_tokens: int = 100,
+                  output_tokens: int = 100, start: datetime = DEFAULT_START) -> Trace:
+    """Evenly spaced requests for one model: ``rate_per_s`` per second from ``from_s``
+    (inclusive) to ``to_s`` (exclusive), every one the same size. For tests and what-ifs."""
+    n = max(0, int(math.ceil((to_s - from_s) * rate_per_s - 1e-9)))
+    t = from_s + np.arange(n, dtype=np.float64) / rate_per_s
+    return Trace(t, np.zeros(n, dtype=np.int32), [name], np.full(n, prompt_tokens), np.full(n, output_tokens),
+                 start, f"{name}: {rate_per_s:g}/s from {from_s:g} s to {to_s:g} s")

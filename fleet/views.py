@@ -1,0 +1,156 @@
+"""The cluster dashboard (staff only, inside the admin): the page, the fragment it reloads
+itself with, and its actions. Views stay thin: the data comes from ``fleet.dashboard``, the
+actions from ``fleet.operations``.
+
+Actions that take capacity away (stop or start the cluster, drain an agent, evict a model)
+answer GET with a confirmation page and act on POST; cordon, uncordon and want act on POST
+at once. Every action redirects back to the dashboard with a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from catalog.models import Model
+from fleet import dashboard as data
+from fleet import operations
+from fleet.models import Agent
+
+#: The permission each kind of action needs (superusers have them all).
+AGENT_PERM = "fleet.change_agent"
+CLUSTER_PERM = "catalog.change_clustersettings"
+MODEL_PERM = "catalog.change_model"
+
+
+def _context(request: HttpRequest, **extra) -> dict:
+    user = request.user
+    return {
+        **admin.site.each_context(request),
+        "d": data.load(),
+        "can_agents": user.has_perm(AGENT_PERM),
+        "can_cluster": user.has_perm(CLUSTER_PERM),
+        "can_models": user.has_perm(MODEL_PERM),
+        "refresh_ms": int(1000 * getattr(settings, "LLMGW_DASHBOARD_REFRESH_S", 5.0)),
+        **extra,
+    }
+
+
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return TemplateResponse(request, "llmgw/dashboard.html", _context(request, title="Cluster dashboard"))
+
+
+def live(request: HttpRequest) -> HttpResponse:
+    """The part of the page that refreshes itself (fetched every few seconds)."""
+    return TemplateResponse(request, "llmgw/_dashboard_live.html", _context(request))
+
+
+def _back() -> HttpResponseRedirect:
+    return HttpResponseRedirect(reverse("dashboard:index"))
+
+
+def _require(request: HttpRequest, perm: str) -> None:
+    if not request.user.has_perm(perm):
+        raise PermissionDenied
+
+
+def _confirm(request: HttpRequest, perm: str, title: str, explanation: str, button: str, danger: bool,
+             action: Callable[[], str]) -> HttpResponse:
+    """GET: a confirmation page. POST: run ``action`` (it returns the message to show)."""
+    _require(request, perm)
+    if request.method == "POST":
+        try:
+            messages.success(request, action())
+        except ValueError as exc:
+            messages.error(request, str(exc))
+        return _back()
+    context = {**admin.site.each_context(request), "title": title, "explanation": explanation,
+               "button": button, "danger": danger, "back": reverse("dashboard:index")}
+    return TemplateResponse(request, "llmgw/confirm.html", context)
+
+
+def cluster_stop(request: HttpRequest) -> HttpResponse:
+    def stop() -> str:
+        changed = operations.stop_cluster(request.user.get_username())
+        return "Cluster stopped: every replica drains and stops." if changed else "The cluster was already stopped."
+
+    return _confirm(
+        request, CLUSTER_PERM, "Stop the cluster",
+        "Every replica will drain and stop, freeing every GPU, and /v1/ will answer 503 system_stopped "
+        "until the cluster is started again. No model's definition changes.",
+        "Yes, stop the cluster", True, stop)
+
+
+def cluster_start(request: HttpRequest) -> HttpResponse:
+    def start() -> str:
+        return "Cluster started." if operations.start_cluster() else "The cluster was already serving."
+
+    return _confirm(request, CLUSTER_PERM, "Start the cluster",
+                    "Models will be placed again as the catalog asks.", "Yes, start the cluster", False, start)
+
+
+@require_POST
+def agent_cordon(request: HttpRequest, pk: int) -> HttpResponse:
+    _require(request, AGENT_PERM)
+    agent = get_object_or_404(Agent, pk=pk)
+    changed = operations.set_cordoned(agent, True)
+    messages.success(request, f"{agent.name} cordoned: nothing new is placed on it." if changed
+                     else f"{agent.name} was already cordoned.")
+    return _back()
+
+
+@require_POST
+def agent_uncordon(request: HttpRequest, pk: int) -> HttpResponse:
+    _require(request, AGENT_PERM)
+    agent = get_object_or_404(Agent, pk=pk)
+    changed = operations.set_cordoned(agent, False)
+    messages.success(request, f"{agent.name} uncordoned." if changed else f"{agent.name} was not cordoned.")
+    return _back()
+
+
+def agent_drain(request: HttpRequest, pk: int) -> HttpResponse:
+    agent = get_object_or_404(Agent, pk=pk)
+
+    def drain() -> str:
+        moved = operations.drain_agent(agent, request.user.get_username())
+        return f"{agent.name} cordoned and drained: {moved} replica(s) moving to other agents."
+
+    return _confirm(
+        request, AGENT_PERM, f"Drain {agent.name}",
+        f"{agent.name} will be cordoned; its ready replicas drain (in-flight requests finish) and stop, "
+        "replicas still starting stop at once, and the reconciler places their successors on other agents.",
+        f"Yes, drain {agent.name}", True, drain)
+
+
+@require_POST
+def model_want(request: HttpRequest, pk: int) -> HttpResponse:
+    _require(request, MODEL_PERM)
+    model = get_object_or_404(Model, pk=pk)
+    try:
+        operations.want_model(model)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{model.name} wanted: a replica is being placed.")
+    return _back()
+
+
+def model_evict(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(Model, pk=pk)
+
+    def evict() -> str:
+        moved = operations.evict_model(model, request.user.get_username())
+        return f"{model.name} evicted: {moved} replica(s) draining."
+
+    return _confirm(
+        request, MODEL_PERM, f"Evict {model.name}",
+        f"{model.name}'s replicas drain and stop and its demand is forgotten; the next request for it "
+        "starts it again.", f"Yes, evict {model.name}", True, evict)

@@ -1,0 +1,83 @@
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from gateway.models import ApiKey, UsageRecord
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created here like anywhere else; the clear key is shown once, in the
+    confirmation message after saving a new one."""
+
+    list_display = ("name", "prefix", "state", "models_allowed", "expires_at", "revoked_at", "created_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("name", "prefix")
+    readonly_fields = ("prefix", "revoked_at", "created_at")
+    filter_horizontal = ("allowed_models",)
+    actions = ["revoke"]
+
+    @admin.display(description="models")
+    def models_allowed(self, obj: ApiKey) -> str:
+        names = [m.name for m in obj.allowed_models.all()]
+        return ", ".join(names) if names else "all"
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            from fleet import tokens
+
+            clear = tokens.new_token("key")
+            obj.prefix, obj.sha256 = tokens.token_prefix(clear), tokens.token_hash(clear)
+            super().save_model(request, obj, form, change)
+            messages.warning(request, f"The key for {obj.name} is {clear} — copy it now, it is not shown again.")
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke (applies to the next request)")
+    def revoke(self, request, queryset):
+        for key in queryset:
+            key.revoke()
+        self.message_user(request, f"{queryset.count()} key(s) revoked.")
+
+
+class PeriodFilter(admin.SimpleListFilter):
+    title = "period"
+    parameter_name = "period"
+
+    def lookups(self, request, model_admin):
+        return [("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days"), ("30d", "last 30 days")]
+
+    def queryset(self, request, queryset):
+        spans = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+        if self.value() in spans:
+            return queryset.filter(at__gte=timezone.now() - spans[self.value()])
+        return queryset
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    list_display = ("at", "key", "model_name", "replica_id", "status", "stream", "prompt_tokens",
+                    "completion_tokens", "ttft_ms", "total_ms")
+    list_filter = (PeriodFilter, "status", "stream", "model_name", "key")
+    list_select_related = ("key",)
+    date_hierarchy = "at"
+    change_list_template = "admin/gateway/usagerecord/change_list.html"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        try:
+            qs = response.context_data["cl"].queryset
+        except (AttributeError, KeyError):
+            return response
+        fields = dict(requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+        response.context_data["totals_by_key"] = qs.values("key__name").annotate(**fields).order_by("-requests")
+        response.context_data["totals_by_model"] = qs.values("model_name").annotate(**fields).order_by("-requests")
+        return response

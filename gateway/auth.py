@@ -1,0 +1,63 @@
+"""API keys on /v1/: ``Authorization: Bearer KEY``, checked against the database on every
+request so a revocation or expiry applies to the very next one (one indexed query by the
+key's visible prefix; SHA-256 compared in constant time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from fleet import tokens
+from gateway.errors import openai_error
+from gateway.models import ApiKey
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling. ``key_id`` None when authentication is switched off;
+    ``allowed_model_ids`` None means every model."""
+
+    key_id: int | None
+    name: str
+    allowed_model_ids: frozenset[int] | None
+
+    def may_use(self, model_id: int) -> bool:
+        return self.allowed_model_ids is None or model_id in self.allowed_model_ids
+
+
+ANONYMOUS = Caller(None, "anonymous", None)
+
+
+def _unauthorized(message: str) -> HttpResponse:
+    return openai_error(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
+    """The caller, or a 401 in OpenAI's shape (missing, unknown, revoked or expired key)."""
+    if not settings.LLMGW_GATEWAY_AUTH:
+        return ANONYMOUS
+    header = request.headers.get("Authorization", "")
+    if not header[:7].lower() == "bearer " or not header[7:].strip():
+        return _unauthorized("Missing API key: send 'Authorization: Bearer YOUR_KEY' (create one with `llmgw keys create`).")
+    token = header[7:].strip()
+    async for key in ApiKey.objects.filter(prefix=tokens.token_prefix(token)).only(
+        "id", "name", "prefix", "sha256", "expires_at", "revoked_at"
+    ):
+        if not tokens.token_matches(token, key.sha256):
+            continue
+        if key.revoked_at is not None:
+            return _unauthorized(f"The API key {key.prefix}… was revoked.")
+        if key.expires_at is not None and key.expires_at <= timezone.now():
+            return _unauthorized(f"The API key {key.prefix}… expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
+        allowed = [m async for m in ApiKey.allowed_models.through.objects.filter(apikey_id=key.id).values_list(
+            "model_id", flat=True)]
+        return Caller(key.id, key.name, frozenset(allowed) if allowed else None)
+    return _unauthorized("Incorrect API key provided.")
+
+
+def forbidden(model_name: str) -> HttpResponse:
+    return openai_error(403, f"This API key may not use the model '{model_name}'.", code="model_not_allowed",
+                        param="model")

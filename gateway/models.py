@@ -1,0 +1,87 @@
+"""API keys for /v1/ and the per-request usage records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.utils import timezone
+
+from catalog.models import Model
+from fleet import tokens
+
+
+class ApiKey(models.Model):
+    """A client's key: stored as SHA-256 with a visible prefix (the clear key is shown once,
+    at creation), optionally limited to some models, with expiry and revocation that apply
+    to the next request."""
+
+    name = models.CharField(max_length=128)
+    prefix = models.CharField(max_length=64, db_index=True, editable=False)
+    sha256 = models.CharField(max_length=64, editable=False)
+    allowed_models = models.ManyToManyField(Model, blank=True, related_name="api_keys",
+                                    help_text="Models this key may use. None selected: every model.")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def create_key(cls, name: str, model_names: list[str] | None = None,
+                   expires_at: datetime | None = None) -> tuple["ApiKey", str]:
+        """Create a key; returns it and the clear key (shown once, never stored).
+        Raises Model.DoesNotExist naming a model that is not in the catalog."""
+        clear = tokens.new_token("key")
+        key = cls(name=name, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear), expires_at=expires_at)
+        key.save()
+        for model_name in model_names or []:
+            model = Model.resolve(model_name)
+            if model is None:
+                key.delete()
+                raise Model.DoesNotExist(f"no model called {model_name!r}")
+            key.allowed_models.add(model)
+        return key, clear
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at", "updated_at"])
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+
+class UsageRecord(models.Model):
+    """One /v1/ request: who, which model and replica, the answer's status, tokens, timing.
+    Written in batches by the web process; flushed when it shuts down."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
+    model_name = models.CharField(max_length=128, db_index=True)
+    replica_id = models.PositiveIntegerField(null=True, blank=True)
+    path = models.CharField(max_length=128)
+    status = models.PositiveSmallIntegerField()
+    stream = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    total_ms = models.FloatField()
+    overhead_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.model_name} {self.status}"

@@ -1,0 +1,44 @@
+"""Server-sent events relayed event by event, byte for byte.
+
+The upstream's bytes are cut only at event boundaries (a blank line), never decoded and
+re-encoded, so a multi-byte character split across network chunks reaches the client
+intact. The relay can read each event's JSON for usage and drop the usage-only chunk that
+the gateway asked for on the client's behalf.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events (each with its terminating blank line) and the unfinished rest."""
+    events = []
+    start = 0
+    for match in _BOUNDARY.finditer(buffer):
+        events.append(buffer[start:match.end()])
+        start = match.end()
+    return events, buffer[start:]
+
+
+def event_json(event: bytes) -> dict | None:
+    """The JSON object carried by an event's ``data:`` lines, or None ([DONE], comments)."""
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    payload = b"\n".join(lines)
+    if payload.strip() == b"[DONE]":
+        return None
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def is_usage_only(data: dict) -> bool:
+    """The final chunk ``stream_options.include_usage`` adds: no choices, a usage object."""
+    return not data.get("choices") and isinstance(data.get("usage"), dict)

@@ -1,0 +1,36 @@
+"""URL map of the REST API, mounted at /api/ (staff only: session, basic or token auth).
+
+The OpenAI-shaped gateway is /v1/, not here. The schema is /api/schema/ (OpenAPI 3, by
+drf-spectacular), browsable at /api/schema/ui/; DRF's own browsable pages answer any
+endpoint opened in a browser.
+"""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.routers import DefaultRouter
+
+from catalog import api as catalog_api
+from fleet import api as fleet_api
+from gateway import api as gateway_api
+
+router = DefaultRouter()
+router.register("models", catalog_api.ModelViewSet, basename="model")
+router.register("profiles", catalog_api.ProfileViewSet, basename="profile")
+router.register("schedule-windows", catalog_api.ScheduleWindowViewSet, basename="schedulewindow")
+router.register("agents", fleet_api.AgentViewSet, basename="agent")
+router.register("replicas", fleet_api.ReplicaViewSet, basename="replica")
+router.register("keys", gateway_api.ApiKeyViewSet, basename="apikey")
+
+urlpatterns = [
+    path("cluster/", fleet_api.cluster, name="cluster"),
+    path("cluster/stop/", fleet_api.cluster_stop, name="cluster-stop"),
+    path("cluster/start/", fleet_api.cluster_start, name="cluster-start"),
+    path("models/<int:pk>/want/", fleet_api.ModelWantView.as_view(), name="model-want"),
+    path("models/<int:pk>/evict/", fleet_api.ModelEvictView.as_view(), name="model-evict"),
+    path("explain/<path:name>/", fleet_api.ExplainView.as_view(), name="explain"),
+    path("auth/token/", obtain_auth_token, name="auth-token"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/ui/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="schema-ui"),
+    path("", include(router.urls)),
+]

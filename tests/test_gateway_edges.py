@@ -1,0 +1,253 @@
+"""The gateway's hard edges, through a real daphne process and fake engine processes: API
+keys, external models, exact streaming, retries, statuses, usage records and /metrics;
+with the official openai client (sync and async) wherever it can express the case."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+from datetime import timedelta
+
+import httpx
+import openai
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from catalog.models import Model
+from gateway.models import ApiKey, UsageRecord
+from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
+from tests.test_gateway import serve
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TEXT = "Ünïcödé € ✓ 日本"
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("edges")
+    ports = {name: free_port() for name in ("plain", "utf8", "tools", "slow", "limited", "external", "web")}
+    records = {name: logs / f"{name}.jsonl" for name in ports}
+    engines = [
+        fake_engine(ports["plain"], logs, "--tokens", "6", "--record", str(records["plain"])),
+        fake_engine(ports["utf8"], logs, "--text", TEXT, "--split-bytes", "--record", str(records["utf8"])),
+        fake_engine(ports["tools"], logs, "--tool-call"),
+        fake_engine(ports["slow"], logs, "--tokens", "50", "--token-delay-ms", "100", "--record", str(records["slow"])),
+        fake_engine(ports["limited"], logs, "--fail-status", "429"),
+        fake_engine(ports["external"], logs, "--tokens", "4", "--record", str(records["external"]), name="upstream-model"),
+    ]
+    for name in ("plain", "utf8", "tools", "slow", "limited", "external"):
+        wait_for_port(ports[name])
+    web = daphne(ports["web"], logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_MAX_BODY_BYTES": "4096",
+                                          "LLMGW_USAGE_FLUSH_INTERVAL": "0.2s"})
+    yield {"ports": ports, "records": records, "url": f"http://127.0.0.1:{ports['web']}", "web": web, "logs": logs}
+    for proc in [web, *engines]:
+        proc.stop()
+
+
+def records(servers, name: str) -> list[dict]:
+    path = servers["records"][name]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def key(transactional_db) -> str:
+    return ApiKey.create_key("edges")[1]
+
+
+@pytest.fixture
+def models(servers, make_model, transactional_db):
+    made = {}
+    for name in ("plain", "utf8", "tools", "slow", "limited"):
+        made[name] = make_model(name)
+        serve(made[name], servers["ports"][name])
+    ext = Model(name="ext", external_base_url=f"http://127.0.0.1:{servers['ports']['external']}/v1",
+                external_api_key="upstream-secret", min_replicas=0, max_replicas=0)
+    ext.full_clean()
+    ext.save()
+    made["ext"] = ext
+    _, probe = ApiKey.create_key("probe")
+    for name in ("plain", "utf8", "tools", "limited"):  # wait until the gateway routes them
+        wait_until(lambda: post(servers, "/v1/embeddings", {"model": name, "input": "x"}, probe).status_code != 503,
+                   timeout_s=10, what=f"{name} to be routed")
+    return made
+
+
+@pytest.fixture
+def oai(servers, key, models):
+    return openai.OpenAI(base_url=servers["url"] + "/v1", api_key=key, max_retries=0)
+
+
+def post(servers, path: str, body: dict, key: str | None, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(servers["url"] + path, json=body, headers=headers, timeout=30, **kw)
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+def test_a_missing_or_wrong_key_is_a_401(servers, models, key):
+    assert post(servers, "/v1/chat/completions", {"model": "plain"}, None).status_code == 401
+    r = post(servers, "/v1/chat/completions", {"model": "plain"}, "llmgw-key-nope")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=servers["url"] + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_a_revoked_key_fails_on_the_very_next_request(servers, models):
+    obj, clear = ApiKey.create_key("soon-revoked")
+    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear).status_code == 200
+    obj.revoke()
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear)
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_an_expired_key_is_a_401(servers, models):
+    _, clear = ApiKey.create_key("old", expires_at=timezone.now() - timedelta(seconds=1))
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear)
+    assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
+
+
+def test_a_key_limited_to_some_models_gets_403_for_others(servers, models):
+    _, clear = ApiKey.create_key("narrow", ["plain"])
+    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear).status_code == 200
+    r = post(servers, "/v1/chat/completions", {"model": "utf8", "messages": []}, clear)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+    client = openai.OpenAI(base_url=servers["url"] + "/v1", api_key=clear, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="utf8", messages=[{"role": "user", "content": "x"}])
+    assert [m.id for m in client.models.list()] == ["plain"]
+
+
+# --- external models --------------------------------------------------------------------------------
+
+def test_an_external_model_is_forwarded_under_its_own_key(oai, servers):
+    reply = oai.chat.completions.create(model="ext", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content.startswith("tok0")
+    seen = [r for r in records(servers, "external") if r["event"] == "request"][-1]
+    assert seen["authorization"] == "Bearer upstream-secret"  # never the client's key
+    chunks = list(oai.chat.completions.create(model="ext", stream=True, messages=[{"role": "user", "content": "x"}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith("tok0")
+
+
+def test_an_external_upstreams_error_status_comes_back_as_it_is(servers, key, models):
+    Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['ports']['limited']}/v1")
+    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": []}, key)
+    assert r.status_code == 429
+
+
+# --- streaming, exactly ------------------------------------------------------------------------------
+
+def test_a_character_split_across_tcp_writes_arrives_intact(oai):
+    chunks = oai.chat.completions.create(model="utf8", stream=True, messages=[{"role": "user", "content": "x"}])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT
+    assert oai.chat.completions.create(model="utf8", messages=[{"role": "user", "content": "x"}]).choices[0].message.content == TEXT
+
+
+def test_tool_call_deltas_arrive_intact(oai):
+    chunks = list(oai.chat.completions.create(model="tools", stream=True, messages=[{"role": "user", "content": "x"}]))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].function.name == "get_weather"
+    assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_usage_chunk_only_when_the_client_asked_but_always_recorded(oai, servers):
+    plain = list(oai.chat.completions.create(model="plain", stream=True, messages=[{"role": "user", "content": "x"}]))
+    assert all(c.usage is None for c in plain)
+    asked_for = [r for r in records(servers, "plain") if r["event"] == "request"][-1]
+    assert asked_for["stream_options"] == {"include_usage": True}  # asked on the client's behalf
+    asked = list(oai.chat.completions.create(model="plain", stream=True, stream_options={"include_usage": True},
+                                             messages=[{"role": "user", "content": "x"}]))
+    assert asked[-1].usage.completion_tokens == 6
+    wait_until(lambda: UsageRecord.objects.filter(model_name="plain", stream=True, completion_tokens=6).count() >= 2,
+               timeout_s=5, what="usage rows for both streams")
+
+
+def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, models):
+    with socket.create_connection(("127.0.0.1", servers["ports"]["web"])) as sock:
+        body = json.dumps({"model": "slow", "stream": True, "messages": []}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert b"tok" in sock.recv(4096) + sock.recv(4096)
+    wait_until(lambda: any(r["event"] == "cancelled" for r in records(servers, "slow")), timeout_s=5,
+               what="the engine to see the cancellation")
+
+
+def test_a_refused_connection_is_retried_on_another_ready_replica(servers, key, models):
+    serve(models["plain"], free_port())  # a second "ready" replica whose port refuses
+    time.sleep(0.3)
+    for _ in range(6):  # whichever replica is chosen first, every request succeeds
+        assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key).status_code == 200
+
+
+def test_an_upstream_429_stays_a_429(oai):
+    with pytest.raises(openai.RateLimitError):
+        oai.chat.completions.create(model="limited", messages=[{"role": "user", "content": "x"}])
+
+
+def test_an_oversized_body_is_a_413_before_any_upstream_work(servers, key, models):
+    before = len(records(servers, "plain"))  # every event of the engine
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": [{"role": "user", "content": "x" * 5000}]}, key)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert len(records(servers, "plain")) == before
+
+
+def test_the_async_openai_client_streams_and_gets_errors(servers, key, models):
+    async def main():
+        client = openai.AsyncOpenAI(base_url=servers["url"] + "/v1", api_key=key, max_retries=0)
+        stream = await client.chat.completions.create(model="utf8", stream=True, messages=[{"role": "user", "content": "x"}])
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+        await client.close()
+        return text
+
+    assert asyncio.run(main()) == TEXT
+
+
+def test_responses_name_the_replica_and_the_overhead(servers, key, models):
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
+    assert r.headers["x-llmgw-replica"].endswith("@local") and float(r.headers["x-llmgw-overhead-ms"]) < 1000
+
+
+# --- usage and metrics ----------------------------------------------------------------------------
+
+def test_usage_rows_carry_key_model_replica_tokens_and_times(servers, key, models):
+    post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
+    row = wait_until(lambda: UsageRecord.objects.filter(model_name="plain", status=200, stream=False,
+                                                        key__name="edges").first(), timeout_s=5, what="a usage row")
+    assert row.replica_id and row.prompt_tokens >= 1 and row.completion_tokens == 6
+    assert row.ttft_ms > 0 and row.total_ms >= row.ttft_ms
+
+
+def test_metrics_parse_and_count_requests_by_model_and_status(servers, key, models):
+    post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
+    post(servers, "/v1/chat/completions", {"model": "no-such-model-" + "x" * 10, "messages": []}, key)
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(servers["url"] + "/metrics").text)}
+    labels = {(s.labels.get("model"), s.labels.get("status")) for s in families["llmgw_requests"].samples
+              if s.name == "llmgw_requests_total"}
+    assert ("plain", "200") in labels and ("unknown", "404") in labels
+    assert not any(m and m.startswith("no-such-model") for m, _ in labels)  # bounded labels
+    for name in ("llmgw_time_to_first_token_seconds", "llmgw_request_duration_seconds", "llmgw_gateway_overhead_seconds",
+                 "llmgw_requests_in_flight", "llmgw_requests_held_for_cold_start", "llmgw_replicas", "llmgw_agents_connected"):
+        assert name in families, name
+
+
+def test_usage_is_flushed_when_the_web_process_is_stopped(servers, models, tmp_path):
+    _, key = ApiKey.create_key("flush-test")
+    port = free_port()
+    web = daphne(port, tmp_path, env={"LLMGW_USAGE_FLUSH_INTERVAL": "1h", "LLMGW_WATCH_INTERVAL": "50ms"})
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "plain", "messages": []},
+                           headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            assert r.status_code == 200
+        assert UsageRecord.objects.filter(key__name="flush-test").count() == 0  # still in memory
+    finally:
+        web.stop(sig=signal.SIGTERM)
+    assert UsageRecord.objects.filter(key__name="flush-test").count() == 3
