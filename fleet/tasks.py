@@ -51,10 +51,22 @@ def tick() -> None:
             async_task("fleet.tasks.tick")
 
 
+def forget_old_reports() -> int:
+    """Drop usage reports of web processes gone for an hour and control planes silent for a
+    day (every restart registers under a new pid). Returns the rows deleted."""
+    from fleet.models import ControlPlane, UsageReport
+
+    now = timezone.now()
+    gone, _ = UsageReport.objects.filter(reported_at__lt=now - timedelta(hours=1)).delete()
+    silent, _ = ControlPlane.objects.filter(last_seen_at__lt=now - timedelta(days=1)).delete()
+    return gone + silent
+
+
 def watchdog() -> None:
-    """Start the tick chain if it has not ticked for three intervals."""
+    """Start the tick chain if it has not ticked for three intervals (and tidy up)."""
     from django_q.tasks import async_task
 
+    forget_old_reports()
     PassLock.ensure()
     last = PassLock.objects.values_list("last_tick_at", flat=True).get(pk=1)
     late = timedelta(seconds=3 * settings.LLMGW_RECONCILE_INTERVAL_S + 5)

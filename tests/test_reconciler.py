@@ -140,3 +140,20 @@ def test_a_scale_step_is_recorded_as_an_event(make_model, cluster):
     assert (event.from_replicas, event.to_replicas) == (1, 2) and "3.0 waiting per replica" in event.reason
     assert Replica.objects.filter(model=m).count() == 2
     assert ModelState.objects.get(model=m).extra_replicas == 1
+
+
+def test_old_usage_reports_and_silent_control_planes_are_forgotten(make_model):
+    from datetime import timedelta
+
+    from fleet.models import ControlPlane, UsageReport
+    from fleet.tasks import forget_old_reports
+
+    agent = connected_agent()
+    m = make_model("m")
+    r = Replica.objects.create(model=m, profile=m.profile, agent=agent, state="ready", port=1)
+    old = timezone.now() - timedelta(hours=2)
+    UsageReport.objects.create(process="gone:1", replica=r, reported_at=old)
+    UsageReport.objects.create(process="here:2", replica=r, reported_at=timezone.now())
+    ControlPlane.objects.create(host="old", role="web", pid=1, last_seen_at=timezone.now() - timedelta(days=2))
+    assert forget_old_reports() == 2
+    assert list(UsageReport.objects.values_list("process", flat=True)) == ["here:2"]
