@@ -304,18 +304,22 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     if entry is None:
         return _error(404, f"mirror {name!r} has no file {file!r}", "file_not_found")
     path = mirror_root() / name / "files" / file
-    size = path.stat().st_size
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (the response closes it)
+    except OSError:
+        return _error(404, f"{file} of mirror {name!r} is missing from the store", "file_not_found")
+    size = os.fstat(fh.fileno()).st_size
     etag = f'"{entry["sha256"]}"'
     try:
         wanted = parse_range(request.headers.get("Range", ""), size)
     except ValueError:
+        fh.close()
         response = _error(416, f"{file} has {size} bytes", "range_not_satisfiable")
         response["Content-Range"] = f"bytes */{size}"
         return response
     if_range = request.headers.get("If-Range")
     if wanted is not None and if_range and if_range != etag:
         wanted = None  # the client's partial copy is of other bytes: send the whole file
-    fh = open(path, "rb")  # noqa: SIM115 (the response closes it)
     if wanted is None:
         response = WeightsFileResponse(_Slice(fh, size), filename=Path(file).name, status=200)
         response["Content-Length"] = str(size)

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import threading
@@ -313,12 +314,14 @@ class Recorder(httpx.BaseTransport):
     """The real HTTP transport, recording (path, Range, status, bytes received); can break
     the first file answer after ``cut`` bytes, or flip its byte at ``flip``."""
 
-    def __init__(self, cut: int | None = None, flip: int | None = None) -> None:
+    def __init__(self, cut: int | None = None, flip: int | None = None, before=None) -> None:
         self.inner = httpx.HTTPTransport()
-        self.cut, self.flip = cut, flip
+        self.cut, self.flip, self.before = cut, flip, before
         self.log: list[dict] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.before is not None:
+            self.before(request, self)
         response = self.inner.handle_request(request)
         entry = {"path": request.url.path, "range": request.headers.get("range"),
                  "status": response.status_code, "bytes": 0}
@@ -405,6 +408,34 @@ def test_a_corrupted_download_is_detected_and_fetched_again(control_plane, agent
     assert [(r["range"], r["status"], r["bytes"]) for r in transport.files()] == [whole, whole]
 
 
+def test_a_partial_file_of_an_older_version_is_detected_and_fetched_again(
+        control_plane, agent_token, mirrored, tmp_path):
+    mirrored("moving", 2 * MiB, seed=1)
+    with pytest.raises(WeightsError, match="interrupted"):
+        WeightsCache(tmp_path / "cache", transport=Recorder(cut=MiB), retries=0).fetch(
+            "moving", control_plane, agent_token)
+    new = mirrored("moving", 2 * MiB, seed=2)  # replaced on the control plane meanwhile
+    transport = Recorder()
+    path = WeightsCache(tmp_path / "cache", transport=transport).fetch("moving", control_plane, agent_token)
+    assert path.read_bytes() == new
+    assert [r["range"] for r in transport.files()] == [f"bytes={MiB}-{2 * MiB - 1}", f"bytes=0-{2 * MiB - 1}"]
+
+
+def test_weights_replaced_during_a_download_fail_it_clearly(control_plane, agent_token, mirrored, tmp_path):
+    mirrored("swapped", 2 * MiB, seed=1)
+
+    def replace_after_the_first_piece(request, transport):
+        if len(transport.files()) == 1:
+            mirrored("swapped", 2 * MiB, seed=2)
+
+    cache = WeightsCache(tmp_path / "cache", transport=Recorder(before=replace_after_the_first_piece),
+                         piece_bytes=MiB)
+    with pytest.raises(WeightsError, match="changed on the control plane during the download"):
+        cache.fetch("swapped", control_plane, agent_token)
+    assert cache.fetch("swapped", control_plane, agent_token).read_bytes() == (
+        tmp_path / "src" / "swapped" / "swapped.gguf").read_bytes()
+
+
 def test_a_damaged_cached_file_is_fetched_again_and_a_good_one_is_not(control_plane, agent_token, mirrored, tmp_path):
     data = mirrored("damaged", MiB)
     transport = Recorder()
@@ -433,7 +464,9 @@ def test_cache_eviction_keeps_weights_in_use(control_plane, agent_token, mirrore
     in_use = {"a"}
     cache = WeightsCache(tmp_path / "cache", max_bytes=int(2.5 * MiB), in_use=lambda: in_use)
     cache.fetch("a", control_plane, agent_token)
-    cache.fetch("b", control_plane, agent_token)  # a is now the least recently used, but in use
+    cache.fetch("b", control_plane, agent_token)
+    for name, used_at in (("a", 1000), ("b", 2000)):  # a is the least recently used, but in use
+        os.utime(tmp_path / "cache" / name / ".last-used", (used_at, used_at))
     cache.fetch("c", control_plane, agent_token)
     assert sorted(name for name, _, _ in cache.entries()) == ["a", "c"]
     assert cache.usage() <= 2.5 * MiB

@@ -27,6 +27,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--port-range", default=env("LLMGW_ENGINE_PORTS", "20000-20999"), help="engine ports, outside 32768-60999")
     parser.add_argument("--heartbeat-s", type=float, default=float(env("LLMGW_AGENT_HEARTBEAT_S", "5")))
     parser.add_argument("--stop-grace-s", type=float, default=float(env("LLMGW_ENGINE_STOP_GRACE_S", "10")))
+    parser.add_argument("--unready-fail-s", type=float, default=float(env("LLMGW_ENGINE_UNREADY_FAIL_S", "30")),
+                        help="fail a ready engine that refuses or errors on its readiness path this long")
+    parser.add_argument("--hung-fail-s", type=float, default=float(env("LLMGW_ENGINE_HUNG_FAIL_S", "300")),
+                        help="fail a ready engine that does not answer its readiness path at all this long "
+                             "(busy engines may answer late)")
     parser.add_argument("--cache-max-gib", type=float, default=float(env("LLMGW_AGENT_CACHE_MAX_GIB", "0")),
                         help="size limit of the cache of mirror: weights; least recently used weights not in use "
                              "are evicted (0 = no limit; env LLMGW_AGENT_CACHE_MAX_GIB)")
@@ -50,7 +55,10 @@ def main_from_args(args: argparse.Namespace) -> int:
     # Engines must be reachable from the gateway: loopback only when everything is local.
     bind = args.bind_host or ("127.0.0.1" if local_only else "0.0.0.0")
     config = AgentConfig(state_dir=Path(args.state_dir), bind_host=bind, port_min=low, port_max=high,
-                         stop_grace_s=args.stop_grace_s,
+                         stop_grace_s=args.stop_grace_s, unready_fail_s=args.unready_fail_s,
+                         hung_fail_s=args.hung_fail_s,
+                         # Checked a few times within the shorter limit, at most every 2 s.
+                         readiness_watch_s=min(2.0, max(0.2, min(args.unready_fail_s, args.hung_fail_s) / 3)),
                          cache_max_bytes=int(max(0.0, getattr(args, "cache_max_gib", 0.0)) * 2**30))
     options = ClientOptions(server=args.server, token=args.token, name=args.name,
                             advertise_address=args.advertise_address, heartbeat_s=args.heartbeat_s,

@@ -4,6 +4,7 @@ Layout under the cache root (``<state>/weights/mirror``)::
 
     NAME/files/PATH          verified weights, as the control plane's manifest lists them
     NAME/files/PATH.part     a download in progress; resumed with ``Range: bytes=N-``
+    NAME/manifest.json       the control plane's manifest last fetched (used offline)
     NAME/verified.json       {PATH: {"sha256", "size", "mtime_ns"}} of files checked so far
     NAME/.last-used          touched on every use: the LRU order of eviction
 
@@ -254,6 +255,11 @@ class WeightsCache:
                         part.unlink(missing_ok=True)
                         raise httpx.RemoteProtocolError("the control plane refused the resume offset")
                     _check_status(response, name, rel)
+                    etag = response.headers.get("ETag")
+                    if etag and etag != f'"{expected}"':
+                        part.unlink(missing_ok=True)
+                        raise WeightsError(f"mirror:{name}/{rel} changed on the control plane during the "
+                                           "download; the next attempt fetches the new version")
                     mode = "ab"
                     if response.status_code == 200:
                         mode, have = "wb", 0  # the server sent the whole file: take it from the start

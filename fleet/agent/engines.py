@@ -46,6 +46,13 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     readiness_poll_s: float = 0.1  # the longest pause between readiness checks (local GETs are cheap)
     load_poll_s: float = 5.0
+    #: While ready, readiness is checked every ``readiness_watch_s``. An engine that refuses
+    #: or errors for ``unready_fail_s`` is failed (and replaced); one that does not answer at
+    #: all for ``hung_fail_s`` too — longer, because a busy engine may answer late
+    #: (llama-cpp-python serves its readiness path behind the running generation).
+    readiness_watch_s: float = 2.0
+    unready_fail_s: float = 30.0
+    hung_fail_s: float = 300.0
     cache_max_bytes: int = 0  # size limit of the mirror: weights cache (LRU eviction); 0 = none
 
     @property
@@ -336,13 +343,35 @@ class EngineManager:
                 if str(e.spec.get("weights", "")).startswith("mirror:")}
 
     async def _watch(self, engine: Engine) -> None:
-        """While ready: notice the engine exiting; read its load every few seconds."""
+        """While ready: notice the engine exiting or no longer answering readiness; read its
+        load every few seconds."""
         next_load = 0.0
+        next_check = time.monotonic() + self.config.readiness_watch_s
+        unready: dict[str, float] = {}  # kind of failure -> since when (monotonic)
         while not engine.stopping:
             if not engine.alive():
                 code = engine.proc.returncode if engine.proc is not None else "?"
                 await self._fail(engine, f"engine exited with code {code}")
                 return
+            if time.monotonic() >= next_check:
+                problem = await self._probe(engine)
+                now = time.monotonic()
+                next_check = now + self.config.readiness_watch_s
+                if problem is None:
+                    if unready:
+                        log.info("replica %s answers readiness again", engine.replica_id)
+                    unready.clear()
+                else:
+                    kind = "hung" if problem == "no answer" else "unready"
+                    if not unready:
+                        log.warning("replica %s: readiness check failed (%s)", engine.replica_id, problem)
+                    since = unready.setdefault(kind, now)
+                    limit = self.config.hung_fail_s if kind == "hung" else self.config.unready_fail_s
+                    if now - since >= limit:
+                        path = engine.spec.get("readiness_path") or "/"
+                        await self._fail(engine, f"engine stopped answering readiness ({path}: {problem}) "
+                                                 f"for {now - since:.0f} s")
+                        return
             if engine.spec.get("metrics_path") and time.monotonic() >= next_load:
                 next_load = time.monotonic() + self.config.load_poll_s
                 running, waiting = await read_load(
@@ -364,14 +393,21 @@ class EngineManager:
         self._changed()
 
     async def _ready(self, engine: Engine) -> bool:
+        return await self._probe(engine) is None
+
+    async def _probe(self, engine: Engine) -> str | None:
+        """None if the engine answers its readiness path with 200, else what went wrong
+        ("no answer" when it accepted the connection but did not answer in time)."""
         if engine.port is None:
-            return False
+            return "no port"
         url = f"http://127.0.0.1:{engine.port}{engine.spec.get('readiness_path') or '/'}"
         try:
             response = await self._http.get(url)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        except httpx.TimeoutException as exc:
+            return "no answer" if not isinstance(exc, httpx.ConnectTimeout) else "connect timeout"
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        return None if response.status_code == 200 else f"HTTP {response.status_code}"
 
     def _pick_port(self) -> int:
         used = {e.port for e in self.engines.values() if e.port}

@@ -13,5 +13,5 @@ def run(options, stdout, stderr) -> int:
     import argparse
 
     keys = ["server", "token", "name", "advertise_address", "state_dir", "bind_host", "port_range",
-            "heartbeat_s", "stop_grace_s", "stop_engines_on_exit", "cache_max_gib"]
+            "heartbeat_s", "stop_grace_s", "stop_engines_on_exit", "cache_max_gib", "unready_fail_s", "hung_fail_s"]
     return main_from_args(argparse.Namespace(**{k: options[k] for k in keys}))
