@@ -19,7 +19,7 @@ class AgentAdmin(admin.ModelAdmin):
                        "cpu_cores", "memory_mib", "generation", "session")
     exclude = ("token_sha256",)
     inlines = [GpuInline]
-    actions = ["cordon", "uncordon"]
+    actions = ["cordon", "uncordon", "drain"]
 
     @admin.display(description="GPUs")
     def gpu_count(self, obj: Agent) -> int:
@@ -34,6 +34,13 @@ class AgentAdmin(admin.ModelAdmin):
     def uncordon(self, request, queryset):
         n = queryset.update(cordoned=False)
         self.message_user(request, f"{n} agent(s) uncordoned.")
+
+    @admin.action(description="Drain (cordon and move replicas to other agents)")
+    def drain(self, request, queryset):
+        from fleet.operations import drain_agent
+
+        moved = sum(drain_agent(agent, request.user.get_username()) for agent in queryset)
+        self.message_user(request, f"{queryset.count()} agent(s) drained: {moved} replica(s) moving away.")
 
 
 @admin.register(Replica)

@@ -168,7 +168,7 @@ class ExplainView(APIView):
     @extend_schema(responses={200: ExplainSerializer, 404: OpenApiResponse(description="No such model.")})
     def get(self, request, name: str):
         # The CLI owns the shape; imported here so fleet's import graph stays below llmgw.
-        from llmgw.cli.explain import explain_model
+        from fleet.explain import explain_model
 
         model = Model.resolve(name)
         if model is None:

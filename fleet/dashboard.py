@@ -24,6 +24,7 @@ S = ReplicaState
 
 #: A model's phase, as the dashboard names it.
 COLD, LOADING, READY, DRAINING, FAILED, EXTERNAL = "cold", "loading", "ready", "draining", "failed", "external"
+PHASES = (READY, LOADING, DRAINING, FAILED, COLD, EXTERNAL)
 RECENT_EVENTS = 15
 
 
@@ -34,6 +35,14 @@ class Holder:
     replica_id: int
     model: str
     state: str
+    #: While downloading: how much of the weights the agent has, 0..100; None otherwise.
+    progress_pct: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.progress_pct is not None and self.state == S.DOWNLOADING.value:
+            return f"{self.state} {self.progress_pct}%"
+        return self.state
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,8 @@ def agent_row(agent: Agent, gpus: list[Gpu], replicas: list[Replica], alive: boo
     by_gpu: dict[int, list[Holder]] = defaultdict(list)
     cpu_holders = []
     for r in sorted(replicas, key=lambda r: r.pk):
-        holder = Holder(r.pk, r.model.name, r.state)
+        progress = None if r.download_progress is None else percent(r.download_progress, 1)
+        holder = Holder(r.pk, r.model.name, r.state, progress)
         if r.gpu_indices:
             for idx in r.gpu_indices:
                 by_gpu[idx].append(holder)
@@ -232,11 +242,9 @@ def load(now: datetime | None = None) -> Dashboard:
         EventRow(e.at, e.model.name, e.from_replicas, e.to_replicas, e.reason)
         for e in ScalingEvent.objects.select_related("model")[:RECENT_EVENTS]
     )
-    counts: dict[str, int] = defaultdict(int)
-    for row in models:
-        counts[row.phase] += 1
+    counts = {phase: n for phase in PHASES if (n := sum(1 for row in models if row.phase == phase))}
     return Dashboard(
         stopped=cluster.stopped, stopped_at=cluster.stopped_at, stopped_by=cluster.stopped_by,
         running=sum(len(v) for v in by_agent.values()), agents=agents, models=tuple(models), events=events,
-        generated_at=now, counts=dict(counts),
+        generated_at=now, counts=counts,
     )

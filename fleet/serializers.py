@@ -60,7 +60,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         model = Replica
         fields = ["id", "model", "model_name", "agent", "agent_name", "state", "state_changed_at", "gpu_indices",
                   "cpu_cores", "memory_mib", "port", "reason", "error", "ready_at", "last_used_at", "in_flight",
-                  "load_running", "load_waiting", "load_reported_at", "created_at"]
+                  "load_running", "load_waiting", "load_reported_at", "download_progress", "created_at"]
         read_only_fields = fields
 
 

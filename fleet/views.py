@@ -9,6 +9,8 @@ at once. Every action redirects back to the dashboard with a message.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 
 from django.conf import settings
@@ -16,6 +18,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -31,26 +34,44 @@ CLUSTER_PERM = "catalog.change_clustersettings"
 MODEL_PERM = "catalog.change_model"
 
 
+#: CSRF tokens are masked differently on every render: they are no change to the page.
+CSRF_INPUT = re.compile(r'<input type="hidden" name="csrfmiddlewaretoken" value="[^"]*">')
+
+
 def _context(request: HttpRequest, **extra) -> dict:
     user = request.user
+    refresh_s = float(getattr(settings, "LLMGW_DASHBOARD_REFRESH_S", 5.0))
     return {
         **admin.site.each_context(request),
+        "is_nav_sidebar_enabled": False,
         "d": data.load(),
         "can_agents": user.has_perm(AGENT_PERM),
         "can_cluster": user.has_perm(CLUSTER_PERM),
         "can_models": user.has_perm(MODEL_PERM),
-        "refresh_ms": int(1000 * getattr(settings, "LLMGW_DASHBOARD_REFRESH_S", 5.0)),
+        "refresh_ms": int(1000 * refresh_s),
+        "refresh_s": f"{refresh_s:g}",
         **extra,
     }
 
 
+def _render_live(request: HttpRequest, context: dict) -> tuple[str, str]:
+    """The self-refreshing part of the page and a digest of it, so the page swaps it in
+    only when something changed (a button is not replaced under the pointer)."""
+    html = render_to_string("llmgw/_dashboard_live.html", context, request=request)
+    return html, hashlib.sha256(CSRF_INPUT.sub("", html).encode()).hexdigest()[:20]
+
+
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return TemplateResponse(request, "llmgw/dashboard.html", _context(request, title="Cluster dashboard"))
+    context = _context(request, title="Cluster dashboard")
+    context["live_html"], context["live_digest"] = _render_live(request, context)
+    return TemplateResponse(request, "llmgw/dashboard.html", context)
 
 
 def live(request: HttpRequest) -> HttpResponse:
-    """The part of the page that refreshes itself (fetched every few seconds)."""
-    return TemplateResponse(request, "llmgw/_dashboard_live.html", _context(request))
+    """The part of the page that refreshes itself (fetched every few seconds); its digest
+    is in the ``X-Dashboard-Digest`` header."""
+    html, digest = _render_live(request, _context(request))
+    return HttpResponse(html, headers={"X-Dashboard-Digest": digest})
 
 
 def _back() -> HttpResponseRedirect:
@@ -70,7 +91,7 @@ def _confirm(request: HttpRequest, perm: str, title: str, explanation: str, butt
         try:
             messages.success(request, action())
         except ValueError as exc:
-            messages.error(request, str(exc))
+            messages.error(request, f"Nothing done: {exc}")
         return _back()
     context = {**admin.site.each_context(request), "title": title, "explanation": explanation,
                "button": button, "danger": danger, "back": reverse("dashboard:index")}
@@ -102,8 +123,8 @@ def agent_cordon(request: HttpRequest, pk: int) -> HttpResponse:
     _require(request, AGENT_PERM)
     agent = get_object_or_404(Agent, pk=pk)
     changed = operations.set_cordoned(agent, True)
-    messages.success(request, f"{agent.name} cordoned: nothing new is placed on it." if changed
-                     else f"{agent.name} was already cordoned.")
+    messages.success(request, f"Cordoned {agent.name}: nothing new is placed on it." if changed
+                     else f"Already cordoned: {agent.name}.")
     return _back()
 
 
@@ -112,7 +133,7 @@ def agent_uncordon(request: HttpRequest, pk: int) -> HttpResponse:
     _require(request, AGENT_PERM)
     agent = get_object_or_404(Agent, pk=pk)
     changed = operations.set_cordoned(agent, False)
-    messages.success(request, f"{agent.name} uncordoned." if changed else f"{agent.name} was not cordoned.")
+    messages.success(request, f"Uncordoned {agent.name}." if changed else f"Not cordoned: {agent.name}.")
     return _back()
 
 
@@ -121,7 +142,7 @@ def agent_drain(request: HttpRequest, pk: int) -> HttpResponse:
 
     def drain() -> str:
         moved = operations.drain_agent(agent, request.user.get_username())
-        return f"{agent.name} cordoned and drained: {moved} replica(s) moving to other agents."
+        return f"Drained {agent.name} (now cordoned): {moved} replica(s) moving to other agents."
 
     return _confirm(
         request, AGENT_PERM, f"Drain {agent.name}",
@@ -137,9 +158,9 @@ def model_want(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         operations.want_model(model)
     except ValueError as exc:
-        messages.error(request, str(exc))
+        messages.error(request, f"Nothing done: {exc}")
     else:
-        messages.success(request, f"{model.name} wanted: a replica is being placed.")
+        messages.success(request, f"Wanted {model.name}: a replica is being placed.")
     return _back()
 
 
@@ -148,7 +169,7 @@ def model_evict(request: HttpRequest, pk: int) -> HttpResponse:
 
     def evict() -> str:
         moved = operations.evict_model(model, request.user.get_username())
-        return f"{model.name} evicted: {moved} replica(s) draining."
+        return f"Evicted {model.name}: {moved} replica(s) draining."
 
     return _confirm(
         request, MODEL_PERM, f"Evict {model.name}",

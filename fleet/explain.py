@@ -1,0 +1,59 @@
+"""Why a model has the replicas it has: demand, idleness, windows, scaling, failures.
+
+Plain data for ``llmgw explain``, the REST API and the dashboard.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from catalog.models import Benchmark, ClusterSettings, Model
+from catalog.schedules import active_window, describe
+from fleet.models import ModelState, ScalingEvent
+
+
+def _ago(when):
+    if when is None:
+        return None
+    return round((timezone.now() - when).total_seconds(), 1)
+
+
+def explain_model(model: Model) -> dict:
+    """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
+    durations in seconds)."""
+    state = ModelState.objects.filter(model=model).first()
+    replicas = list(model.replicas.select_related("agent").order_by("-id")[:20])
+    used = [r.last_used_at for r in replicas if r.last_used_at]
+    last_used = max(used) if used else None
+    cluster = ClusterSettings.get_solo()
+    windows = [w.as_window() for w in model.schedule_windows.all()]
+    window = active_window(windows, timezone.now(), cluster.time_zone) if windows else None
+    bench = Benchmark.objects.filter(model=model, profile_id=model.profile_id).first()
+    events = list(ScalingEvent.objects.filter(model=model)[:5])
+    failed = [r for r in replicas if r.state == "failed"]
+    return {
+        "model": model.name,
+        "schedule": [describe(w) for w in windows],
+        "window_now": describe(window) if window else None,
+        "load_extra_replicas": state.extra_replicas if state else 0,
+        "measured_per_replica": bench.max_concurrency if bench else None,
+        "scaling_events": [{"at": e.at.isoformat(), "from": e.from_replicas, "to": e.to_replicas, "why": e.reason}
+                           for e in events],
+        "last_failure": failed[0].error if failed else None,
+        "on_demand": model.on_demand,
+        "external": model.is_external,
+        "min_replicas": model.min_replicas,
+        "max_replicas": model.max_replicas,
+        "desired": state.desired if state else 0,
+        "ready": sum(1 for r in replicas if r.state == "ready"),
+        "wanted_at": state.wanted_at.isoformat() if state and state.wanted_at else None,
+        "last_used_at": last_used.isoformat() if last_used else None,
+        "idle_for_s": _ago(last_used),
+        "unservable": bool(state and state.unservable),
+        "reason": state.reason if state else "no reconcile pass has looked at it yet",
+        "replicas": [
+            {"id": r.pk, "agent": r.agent.name, "state": r.state, "port": r.port, "reason": r.reason,
+             "error": r.error.splitlines()[0] if r.error else ""}
+            for r in replicas if r.state not in ("stopped",)
+        ],
+    }
