@@ -37,7 +37,7 @@ PRESETS: dict[str, dict] = {
         "command": (
             "{python} -m llama_cpp.server --model {weights_path} --host {host} --port {port}"
             " --model_alias {served_name} --n_ctx 2048 --chat_format gemma"
-            " --n_threads {threads}"
+            " --n_threads {threads} --interrupt_requests False"
         ),
         "gpus_needed": 0,
         "gpu_memory_mib": 0,
@@ -48,7 +48,9 @@ PRESETS: dict[str, dict] = {
         "metrics_path": "",
         "metric_running": "",
         "metric_waiting": "",
-        "notes": "llama-cpp-python's OpenAI server on the CPU (verified). Reports no load.",
+        "notes": "llama-cpp-python's OpenAI server on the CPU (verified). Reports no load. "
+                 "--interrupt_requests False: by default a new request (even a readiness check) cuts off "
+                 "the stream in progress.",
     },
     "llama-server-gpu": {
         "engine": "llama_server",

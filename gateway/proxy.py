@@ -75,6 +75,7 @@ class Exchange:
         self.overhead_s: float | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.content_chunks = 0
         self.recorded = False
 
     def note_usage(self, data: dict | None) -> None:
@@ -316,6 +317,9 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
             body = await upstream.aread()
         except httpx.HTTPError as exc:
             return ex.answer(openai_error(502, f"The upstream answer broke off: {exc}", code="upstream_error"))
+        except asyncio.CancelledError:
+            ex.finish(499)  # the client went away; closing the upstream tells the engine
+            raise
         finally:
             await upstream.aclose()
             if replica_id is not None:
@@ -349,13 +353,21 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
                         ex.note_usage(data)
                         if strip_usage:
                             continue
+                    elif data is not None and sse.has_content(data):
+                        ex.content_chunks += 1
                     out.append(event)
                 if out:
                     yield b"".join(out)
             if buffer:
                 yield buffer
         except httpx.HTTPError as exc:
+            # Nothing can be retried after the first byte: say so in the stream itself
+            # (an OpenAI-shaped error event) rather than end it as if it were complete.
             log.warning("upstream stream broke: %s", exc)
+            status = 502
+            error = {"error": {"message": f"The engine's stream broke off: {exc}", "type": "api_error",
+                               "param": None, "code": "upstream_stream_broken"}}
+            yield b"data: " + json.dumps(error).encode() + b"\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = 499  # the client went away; closing the upstream tells the engine
             raise
@@ -365,6 +377,9 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
                 usage.end(replica_id)
             if ex.model_label != "unknown":
                 metrics.IN_FLIGHT.labels(ex.model_label).dec()
+            if ex.completion_tokens is None and ex.content_chunks:
+                # Engines that send no usage chunk (llama-cpp-python): one token per chunk.
+                ex.completion_tokens = ex.content_chunks
             ex.finish(status)
 
     response = StreamingHttpResponse(events(), status=upstream.status_code, content_type=content_type)

@@ -42,3 +42,14 @@ def event_json(event: bytes) -> dict | None:
 def is_usage_only(data: dict) -> bool:
     """The final chunk ``stream_options.include_usage`` adds: no choices, a usage object."""
     return not data.get("choices") and isinstance(data.get("usage"), dict)
+
+
+def has_content(data: dict) -> bool:
+    """A chunk that carries generated text (chat delta content or completion text)."""
+    for choice in data.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta") or {}
+        if (isinstance(delta, dict) and delta.get("content")) or choice.get("text"):
+            return True
+    return False

@@ -10,6 +10,10 @@ def llmgw_settings(app_configs, **kwargs):
     q = settings.Q_CLUSTER
     if q.get("retry", 0) <= q.get("timeout", 0):
         problems.append(Error("Q_CLUSTER retry must exceed timeout, or a slow task runs twice.", id="llmgw.E001"))
+    for name in ("RECONCILE_INTERVAL", "WATCH_INTERVAL", "WATCH_FAST_INTERVAL", "HEARTBEAT_INTERVAL",
+                 "USAGE_FLUSH_INTERVAL"):
+        if getattr(settings, f"LLMGW_{name}_S") < 0.01:
+            problems.append(Error(f"LLMGW_{name} must be at least 10ms.", id="llmgw.E003"))
     if settings.LLMGW_DRAIN_GRACE_S <= 0:
         problems.append(Error("LLMGW_DRAIN_GRACE must be positive.", id="llmgw.E002"))
     if settings.LLMGW_AGENT_ROUTE_GRACE_S > settings.LLMGW_AGENT_LOST_AFTER_S:

@@ -32,7 +32,8 @@ VALUES = {"python": "/usr/bin/python3", "weights_path": "/w/model", "host": "0.0
                " --served-model-name llama-70b --tp-size 2 --enable-metrics"),
     ("llama-server-gpu", "llama-server -m /w/model --host 0.0.0.0 --port 20001 --alias llama-70b --metrics -ngl 999"),
     ("llama-cpp-python-cpu", "/usr/bin/python3 -m llama_cpp.server --model /w/model --host 0.0.0.0 --port 20001"
-                             " --model_alias llama-70b --n_ctx 2048 --chat_format gemma --n_threads 4"),
+                             " --model_alias llama-70b --n_ctx 2048 --chat_format gemma --n_threads 4"
+                             " --interrupt_requests False"),
 ])
 def test_preset_command_lines(preset, expected):
     assert render_command(PRESETS[preset]["command"], VALUES) == expected.split()

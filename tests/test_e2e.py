@@ -88,3 +88,24 @@ def test_explain_tells_why_the_model_runs(cluster):
                           capture_output=True, text=True, env={**os.environ, **cluster["env"]}, timeout=60)
     info = json.loads(done.stdout)
     assert info["ready"] == 1 and info["desired"] == 1
+
+
+def test_a_second_request_does_not_cut_off_a_stream_in_progress(cluster):
+    import threading
+
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
+    finish = {}
+
+    def stream():
+        chunks = client.chat.completions.create(model="gemma-3-270m", max_tokens=16, stream=True,
+                                                messages=[{"role": "user", "content": "Tell a story."}])
+        pieces = [c for c in chunks if c.choices]
+        finish["reason"] = pieces[-1].choices[0].finish_reason
+        finish["n"] = sum(1 for c in pieces if c.choices[0].delta.content)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(0.3)
+    client.chat.completions.create(model="gemma-3-270m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    reader.join(120)
+    assert finish["reason"] == "length" and finish["n"] >= 8

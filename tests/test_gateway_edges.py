@@ -251,3 +251,22 @@ def test_usage_is_flushed_when_the_web_process_is_stopped(servers, models, tmp_p
     finally:
         web.stop(sig=signal.SIGTERM)
     assert UsageRecord.objects.filter(key__name="flush-test").count() == 3
+
+
+def test_a_stream_the_engine_breaks_off_ends_with_an_error_event_and_is_recorded_as_502(servers, key, make_model,
+                                                                                       tmp_path):
+    port = free_port()
+    dying = fake_engine(port, tmp_path, "--tokens", "100", "--token-delay-ms", "50", "--exit-after-s", "1.5")
+    try:
+        wait_for_port(port)
+        model = make_model("dying")
+        serve(model, port)
+        time.sleep(0.3)
+        with httpx.stream("POST", servers["url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "dying", "stream": True, "messages": []}, timeout=30) as r:
+            body = b"".join(r.iter_raw())
+        assert b"tok" in body and b"upstream_stream_broken" in body and not body.rstrip().endswith(b"[DONE]")
+        wait_until(lambda: UsageRecord.objects.filter(model_name="dying", status=502).exists(), timeout_s=5,
+                   what="the broken stream's record")
+    finally:
+        dying.stop()

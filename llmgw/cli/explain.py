@@ -16,6 +16,8 @@ def add_arguments(parser) -> None:
 def run(options, stdout, stderr) -> int:
     model = Model.resolve(options["model"])
     if model is None:
+        if options["json"]:
+            stdout.write(json.dumps({"error": f"no model called {options['model']!r}"}) + "\n")
         stderr.write(f"no model called {options['model']!r}\n")
         return 1
     info = explain_model(model)

@@ -27,6 +27,12 @@ def run(options, stdout, stderr) -> int:
         if not name:
             stderr.write("keys create needs a NAME\n")
             return USAGE
+        if options["expires_days"] is not None and options["expires_days"] <= 0:
+            stderr.write("--expires-days must be positive\n")
+            return USAGE
+        if any(k.state == "active" for k in ApiKey.objects.filter(name=name)):
+            stderr.write(f"an active key named {name!r} exists; revoke it first or choose another name\n")
+            return FAILED
         expires = timezone.now() + timedelta(days=options["expires_days"]) if options["expires_days"] else None
         models = [m.strip() for m in options["models"].split(",") if m.strip()]
         try:
@@ -62,5 +68,9 @@ def run(options, stdout, stderr) -> int:
         return FAILED
     for key in keys:
         key.revoke()
-        stdout.write(f"revoked {key.name} ({key.prefix}…)\n")
+    if options["json"]:
+        write_json(stdout, [{"name": k.name, "prefix": k.prefix, "state": k.state} for k in keys])
+    else:
+        for key in keys:
+            stdout.write(f"revoked {key.name} ({key.prefix}…)\n")
     return OK

@@ -43,6 +43,10 @@ def seed_demo() -> None:
     from catalog.models import Model, Profile
 
     profile = Profile.objects.filter(name=DEMO_PROFILE).first()
+    if profile is not None and "--interrupt_requests" not in profile.command and "llama_cpp.server" in profile.command:
+        # Demo databases from before the fix: without it a second request cuts off a stream.
+        profile.command += " --interrupt_requests False"
+        profile.save(update_fields=["command"])
     if profile is None:
         profile = Profile.from_preset(DEMO_PROFILE)
         profile.full_clean()
@@ -153,10 +157,27 @@ def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group, ap
     return False
 
 
+def port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def run(options, stdout, stderr) -> int:
     from django_q.tasks import async_task
 
     from fleet.models import Agent
+
+    if not port_free(options["host"], options["port"]):
+        stderr.write(f"llmgw up: {options['host']}:{options['port']} is already in use "
+                     "(another llmgw up?); choose another with --port\n")
+        return 1
 
     stdout.write("llmgw up: preparing the database…\n")
     call_command("migrate", verbosity=0, interactive=False)
@@ -183,9 +204,10 @@ def run(options, stdout, stderr) -> int:
     signal.signal(signal.SIGINT, on_signal)
     group.start("web", [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "llmgw.asgi:application"], env)
     group.start("worker", [sys.executable, manage, "qcluster"], env)
-    group.start("agent", [sys.executable, manage, "llmgw", "agent", "--server", base_url, "--token", token,
+    # The token travels in the environment, not argv (which `ps` shows to everyone).
+    group.start("agent", [sys.executable, manage, "llmgw", "agent", "--server", base_url,
                           "--name", "local", "--stop-engines-on-exit",
-                          "--state-dir", str(Path(settings.DATA_DIR) / "agent")], env)
+                          "--state-dir", str(Path(settings.DATA_DIR) / "agent")], {**env, "LLMGW_AGENT_TOKEN": token})
     async_task("fleet.tasks.tick")
     stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
     stdout.flush()

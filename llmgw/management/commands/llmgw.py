@@ -10,7 +10,8 @@ from llmgw.cli import COMMANDS
 
 
 class Command(BaseCommand):
-    help = "Operate the llmgw cluster: up, agent, status, stop, start, explain, agents."
+    help = ("Operate the llmgw cluster: up, status, stop, start, restart, service, explain, keys, bench, "
+            "mirror, agent, agents (and more: see the list below). `llmgw COMMAND --help` for each.")
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
