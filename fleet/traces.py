@@ -15,11 +15,14 @@ File formats (``.gz`` after either suffix is read and written compressed):
 * **CSV** (``.csv``): optional ``# start=<ISO 8601>`` comment lines, then the header
   ``t_s,model,prompt_tokens,output_tokens`` and one row per request.
 
-* **Usage records** (what the gateway may export; replayed as a trace): JSONL or CSV rows
-  with an absolute time ``at`` (ISO 8601, or Unix seconds; ``timestamp``, ``started_at`` and
-  ``created`` are accepted too), ``model``, ``prompt_tokens`` and ``completion_tokens`` (or
-  ``output_tokens``). Times become ``t_s`` from the earliest record, whose instant becomes
-  the trace's start. :func:`read_trace` recognises them by the missing ``t_s`` column.
+* **Usage records** (the gateway's ``UsageRecord`` rows, exported; replayed as a trace):
+  JSONL or CSV rows with an absolute time ``at`` (ISO 8601, or Unix seconds; ``timestamp``,
+  ``started_at`` and ``created`` are accepted too), ``model`` (or ``model_name``),
+  ``prompt_tokens``, ``completion_tokens`` (or ``output_tokens``) and optionally
+  ``total_ms``: ``at`` is when the answer ended, so with ``total_ms`` the request arrived that
+  much earlier. Times become ``t_s`` from the earliest arrival, which becomes the trace's
+  start. :func:`read_trace` recognises them by the missing ``t_s`` column;
+  :func:`from_usage` takes the rows straight from the database.
 
 Generators (all deterministic for a given ``seed``): :func:`diurnal` (a working day with
 office hours), :func:`bursts` (sudden crowds on a few models), :func:`long_tail` (many
@@ -34,16 +37,16 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterable, Sequence
 from zoneinfo import ZoneInfo
 
 import numpy as np
 
 #: The default instant of ``t_s = 0``: a Monday, midnight UTC (a working day follows).
-DEFAULT_START = datetime(2026, 11, 30, 0, 0, tzinfo=timezone.utc)
+DEFAULT_START = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 COLUMNS = ("t_s", "model", "prompt_tokens", "output_tokens")
 _TIME_KEYS = ("at", "timestamp", "started_at", "created")
 
@@ -95,6 +98,7 @@ class Trace:
         return {name: int(n) for name, n in zip(self.names, per) if n}
 
     def rows(self) -> Iterable[tuple[float, str, int, int]]:
+        """``(t_s, model name, prompt_tokens, output_tokens)`` per request, in time order."""
         names = self.names
         for t, m, p, o in zip(self.t_s.tolist(), self.model.tolist(),
                               self.prompt_tokens.tolist(), self.output_tokens.tolist()):
@@ -141,10 +145,10 @@ def _open_text(path: Path, mode: str):
 
 
 def _kind(path: Path) -> str:
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    name = path.name.removesuffix(".gz")
     if name.endswith(".csv"):
         return "csv"
-    if name.endswith(".jsonl") or name.endswith(".json") or name.endswith(".ndjson"):
+    if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     raise ValueError(f"{path}: unknown trace format (use .jsonl or .csv, optionally .gz)")
 
@@ -177,9 +181,9 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
 
 def _parse_instant(value) -> datetime:
     if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
-        return datetime.fromtimestamp(float(value), timezone.utc)
+        return datetime.fromtimestamp(float(value), UTC)
     when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _records(path: Path) -> tuple[dict, list[dict]]:
@@ -236,25 +240,53 @@ def read_trace(path: str | Path) -> Trace:
 
 
 def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
-    events = []
+    records = []
     for number, row in enumerate(rows, 1):
         try:
             key = next(k for k in _TIME_KEYS if row.get(k) not in (None, ""))
+            model = row.get("model") or row["model_name"]
             out = row.get("completion_tokens", row.get("output_tokens"))
-            events.append((_parse_instant(row[key]), row["model"], int(row.get("prompt_tokens") or 0), int(out or 0)))
+            total = row.get("total_ms")
+            records.append((_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
+                            _int_or_none(out), float(total) if total not in (None, "") else None))
         except (StopIteration, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: record {number}: need at (or timestamp), model, prompt_tokens, "
-                             f"completion_tokens ({exc!r})") from None
-    if not events:
-        return from_rows([], DEFAULT_START, path.name)
-    start = min(e[0] for e in events)
-    return from_rows((((at - start).total_seconds(), m, p, o) for at, m, p, o in events), start,
-                     f"usage records replayed from {path.name}")
+            raise ValueError(f"{path}: record {number}: need at (or timestamp), model (or model_name), "
+                             f"prompt_tokens, completion_tokens ({exc!r})") from None
+    return from_usage(records, f"usage records replayed from {path.name}")
+
+
+def _int_or_none(value) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+def from_usage(records: Iterable[tuple[datetime, str, int | None, int | None, float | None]],
+               description: str = "usage records") -> Trace:
+    """A trace from usage records as the gateway stores them (``gateway.models.UsageRecord``):
+    ``(at, model, prompt_tokens, completion_tokens, total_ms)``. ``at`` is when the answer
+    ended, so a request arrived ``total_ms`` earlier (when known). Token counts the record
+    lacks (a request answered with an error) are the model's median over its records that
+    have them (else 256 prompt, 128 output). The earliest arrival becomes the start."""
+    rows = []
+    known: dict[str, tuple[list[int], list[int]]] = {}
+    for at, model, prompt, output, total_ms in records:
+        arrived = at - timedelta(milliseconds=total_ms) if total_ms else at
+        rows.append((arrived, model, prompt, output))
+        seen = known.setdefault(model, ([], []))
+        if prompt is not None:
+            seen[0].append(prompt)
+        if output is not None:
+            seen[1].append(output)
+    if not rows:
+        return from_rows([], DEFAULT_START, description)
+    medians = {m: (int(np.median(p)) if p else 256, int(np.median(o)) if o else 128) for m, (p, o) in known.items()}
+    start = min(r[0] for r in rows)
+    return from_rows((((at - start).total_seconds(), m, medians[m][0] if p is None else p,
+                       medians[m][1] if o is None else o) for at, m, p, o in rows), start, description)
 
 
 def from_usage_records(path: str | Path) -> Trace:
     """Replay the gateway's exported usage records (JSONL or CSV, see the module docstring)
-    as a trace starting at the earliest record."""
+    as a trace starting at the earliest arrival."""
     path = Path(path)
     _, rows = _records(path)
     return _from_usage_rows(path, rows)

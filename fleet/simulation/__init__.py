@@ -20,8 +20,20 @@ comparison, plot). ``manage.py llmgw simulate`` is the command line.
 from __future__ import annotations
 
 from fleet.simulation.catalog import (
-    AgentSpec, Catalog, ClusterSpec, LatencyModel, ModelSpec, catalog_from_db, catalog_from_dict,
-    describe_fleet, fleet_from_db, grow_fleet, parse_fleet, peak_counts, read_catalog, static_catalog,
+    AgentSpec,
+    Catalog,
+    ClusterSpec,
+    LatencyModel,
+    ModelSpec,
+    catalog_from_db,
+    catalog_from_dict,
+    describe_fleet,
+    fleet_from_db,
+    grow_fleet,
+    parse_fleet,
+    peak_counts,
+    read_catalog,
+    static_catalog,
 )
 from fleet.simulation.engine import SimConfig, Simulator
 from fleet.simulation.report import Report, build_report, compare, plot

@@ -31,6 +31,7 @@ from datetime import time
 from pathlib import Path
 
 from catalog.schedules import Window, parse_weekdays
+from fleet.scaling import SCALE_DOWN_HEADROOM
 
 #: Defaults of ``catalog.models.ClusterSettings`` and the settings the reconciler reads
 #: (tests assert they agree), so a file that states nothing simulates a default cluster.
@@ -122,7 +123,7 @@ class Catalog:
 # --- Fleet ----------------------------------------------------------------------------------
 
 _GPU_SPEC = re.compile(r"^(\d+)x(\d+)x(?:([A-Za-z][\w.]*)-)?(\d+(?:\.\d+)?)(G|GB|GiB|M|MiB)?$")
-_CPU_SPEC = re.compile(r"^(\d+)xcpu(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(G|GB|GiB|M|MiB)?$", re.I)
+_CPU_SPEC = re.compile(r"^(\d+)xcpu(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(G|GB|GiB|M|MiB)?$", re.IGNORECASE)
 
 
 def _mib(amount: str, unit: str | None) -> int:
@@ -361,11 +362,12 @@ def static_catalog(catalog: Catalog, counts: dict[str, int]) -> Catalog:
         for m in catalog.models))
 
 
-def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0) -> dict[str, int]:
+def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0, headroom: float = SCALE_DOWN_HEADROOM) -> dict[str, int]:
     """Replicas per model for a static fleet sized for the trace's peak: the busiest
     ``bucket_s`` window's offered concurrency (arrival rate × mean service time, Little's
-    law) over the replica's slots, rounded up; at least 1 for every model in the catalog
-    (a static fleet runs everything it offers)."""
+    law) over ``headroom`` of a replica's slots (by default the 70% the planner keeps when
+    it scales down), rounded up; at least 1 for every model in the catalog (a static fleet
+    runs everything it offers)."""
     import numpy as np
 
     specs = catalog.by_name()
@@ -385,7 +387,7 @@ def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0) -> dict[str, i
                      + trace.output_tokens[mask] * lat.tpot_ms) / 1000.0
         per_bucket = np.bincount(bucket[mask], weights=service_s)  # busy seconds offered per bucket
         peak_concurrency = float(per_bucket.max()) / bucket_s
-        counts[name] = max(1, math.ceil(peak_concurrency / lat.slots))
+        counts[name] = max(1, math.ceil(peak_concurrency / (lat.slots * headroom) - 1e-9))
     return counts
 
 

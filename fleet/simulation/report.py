@@ -7,6 +7,7 @@ Times are seconds of simulated time from the trace's start unless a key says oth
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def build_report(raw: RawResult) -> Report:
         **tot,
         "unfinished": sim.unfinished,
         "unknown_model": sim.unknown_model,
+        "after_end": sim.after_end,
         "hold_p50_s": _pct(hold, 50), "hold_p95_s": _pct(hold, 95),
         "hold_max_s": round(float(hold.max()), 1) if len(hold) else None,
         "ttft_p50_ms": _pct(ttft, 50, 1000), "ttft_p95_ms": _pct(ttft, 95, 1000),
@@ -185,7 +187,7 @@ def plot(report: Report, path: str | Path, baseline: Report | None = None, top: 
                 label=f"fleet: {report.data['fleet']['gpus']} GPUs")
     ax1.set_ylabel("GPUs held")
     ax1.legend(loc="upper left", fontsize=8)
-    ax1.set_title(f"{report.data['trace']['description'][:90]}\n"
+    ax1.set_title(f"{textwrap.shorten(report.data['trace']['description'], 140)}\n"
                   f"SLO attainment {report.totals['slo_attainment'] or 0:.1%}"
                   + (f" (baseline {baseline.totals['slo_attainment'] or 0:.1%})" if baseline else ""),
                   fontsize=9)

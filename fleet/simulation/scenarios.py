@@ -19,20 +19,23 @@ from fleet.simulation.catalog import Catalog, ClusterSpec, LatencyModel, ModelSp
 
 WEEKDAYS = (0, 1, 2, 3, 4)
 SCENARIOS = ("diurnal-long-tail",)
+#: Night traffic, relative to the office-hours peak.
+NIGHT = 0.03
 
 
 def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 1,
-                      head: int = 10, team: int = 30) -> tuple[Catalog, str, traces.Trace]:
+                      head: int = 10, team: int = 20) -> tuple[Catalog, str, traces.Trace]:
     """(catalog, fleet spec, trace) of the diurnal long-tail day.
 
     * ``head`` models (the first 3 need 2 GPUs): min 1, max 8, min 2 on weekdays
-      08:00–19:00; benchmarked (24–32 slots, TTFT SLO 1 s); 86% of requests.
-    * ``team`` models: on demand, idle timeout 15 min, max 2; the first third kept at min 1
-      on weekdays 09:00–18:00; 12% of requests.
+      08:00–19:00; benchmarked (24–32 slots, TTFT SLO 1 s); 86% of requests (Zipf 0.8).
+    * ``team`` models: on demand, idle timeout 10 min, max 2; the first third kept at min 1
+      on weekdays 09:00–18:00; benchmarked (16 slots); 12% of requests (Zipf 1.0).
     * the rest, the long tail: on demand, idle timeout 5 min, max 1, no benchmark
-      (defaults); visited in short sessions, about 3 a day each.
+      (defaults: 8 slots, TTFT SLO 1 s); visited in short sessions, 2 a day each on average.
 
-    Fleet ``8x8xH100-80G`` (64 GPUs). The trace starts on a Monday at midnight UTC.
+    Traffic follows office hours 09:00–18:00 with nights at 3% of the peak. Fleet
+    ``8x8xH100-80G`` (64 GPUs). The trace starts on a Monday at midnight UTC.
     """
     if models < head + team + 1:
         raise ValueError(f"the scenario needs more than {head + team} models")
@@ -51,7 +54,7 @@ def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 
         warm = i < team // 3
         specs.append(ModelSpec(
             name=f"team-{i + 1:02d}", gpus_needed=1, gpu_memory_mib=40960, min_replicas=0, max_replicas=2,
-            on_demand=True, idle_timeout_s=900.0, cold_start_s=60.0,
+            on_demand=True, idle_timeout_s=600.0, cold_start_s=60.0,
             windows=(Window(WEEKDAYS, time(9, 0), time(18, 0), 1, 2, 1),) if warm else (),
             latency=LatencyModel(slots=16, ttft_base_ms=60, prefill_ms_per_token=0.05, tpot_ms=25,
                                  slo_ttft_ms=1000, measured=True)))
@@ -62,10 +65,11 @@ def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 
     catalog = Catalog(tuple(specs), ClusterSpec())
 
     names = [s.name for s in specs]
-    rare = traces.long_tail(names[head + team:], seed=seed + 1, sessions_per_day=3.0, requests_per_session=4.0)
-    weights = np.concatenate([0.86 / 0.98 * traces.zipf_weights(head, 1.0),
-                              0.12 / 0.98 * traces.zipf_weights(team, 1.0)])
-    busy = traces.diurnal(names[: head + team], max(0, requests - len(rare)), seed=seed, weights=weights)
+    rare = traces.long_tail(names[head + team:], seed=seed + 1, sessions_per_day=2.0, requests_per_session=4.0,
+                            night=NIGHT)
+    weights = np.concatenate([0.86 * traces.zipf_weights(head, 0.8), 0.12 * traces.zipf_weights(team, 1.0)])
+    busy = traces.diurnal(names[: head + team], max(0, requests - len(rare)), seed=seed, weights=weights,
+                          night=NIGHT)
     trace = traces.merge(busy, rare, description=(
         f"diurnal long-tail day: {requests:,} requests, {models} models ({head} head, {team} team, "
         f"{tail} long tail), office hours 9–18 UTC"))

@@ -3,6 +3,7 @@ run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 fai
 2 bad usage, 3 no systemd)."""
 
 from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up
+from llmgw.cli import simulate
 
 COMMANDS = {
     "up": up,
@@ -17,4 +18,5 @@ COMMANDS = {
     "keys": keys,
     "bench": bench,
     "mirror": mirror,
+    "simulate": simulate,
 }

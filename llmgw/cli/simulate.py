@@ -1,0 +1,211 @@
+"""``llmgw simulate``: what a catalog costs and how it serves, before it touches a GPU.
+
+Runs a trace through a simulated fleet in simulated time, with the real planner deciding
+(``fleet.simulation``); reports per model and in total, against a static fleet sized for the
+peak, and saves a plot of GPUs and replicas over time.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+
+from fleet import traces
+from fleet.simulation import (
+    SimConfig,
+    baseline,
+    catalog_from_db,
+    compare,
+    fleet_from_db,
+    parse_fleet,
+    plot,
+    read_catalog,
+    simulate,
+)
+from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail
+from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
+
+HELP = ("Simulate a trace on a fleet with the real planner: requests served, held and rejected, TTFT "
+        "against the SLO, GPU-hours, scale steps, against a static fleet sized for the peak. "
+        "Exit 0 done, 2 bad input.")
+
+EPILOG = """examples:
+  llmgw simulate --scenario diurnal-long-tail                     the published day (1M requests, 200 models)
+  llmgw simulate --trace day.jsonl --catalog catalog.yaml --fleet 8x8xH100-80G
+  llmgw simulate --usage-records --since 24h --from-db            replay the last day of this cluster
+trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/traces.py);
+usage-record exports (at, model, prompt_tokens, completion_tokens, total_ms) are replayed too."""
+
+
+def add_arguments(parser) -> None:
+    parser.epilog = EPILOG
+    source = parser.add_argument_group("what to simulate")
+    source.add_argument("--trace", metavar="FILE", help="trace or usage-record export (.jsonl/.csv, optionally .gz)")
+    source.add_argument("--usage-records", action="store_true",
+                        help="replay this cluster's usage records from the database as the trace")
+    source.add_argument("--since", default="24h", help="with --usage-records: ISO 8601 instant or a span like 24h, 7d")
+    source.add_argument("--scenario", choices=SCENARIOS, help="a ready-made catalog, fleet and trace")
+    source.add_argument("--requests", type=int, default=1_000_000, help="with --scenario (default 1,000,000)")
+    source.add_argument("--models", type=int, default=200, help="with --scenario (default 200)")
+    source.add_argument("--seed", type=int, default=1, help="with --scenario: the trace's seed (default 1)")
+    source.add_argument("--catalog", metavar="FILE", help="catalog file (.json, .yaml)")
+    source.add_argument("--from-db", action="store_true", help="the catalog (and, without --fleet, the agents) "
+                        "from this cluster's database")
+    source.add_argument("--fleet", metavar="SPEC", help="e.g. 8x8xH100-80G (agents × GPUs × memory); "
+                        "join specs with +")
+    how = parser.add_argument_group("how")
+    how.add_argument("--baseline", default="peak", metavar="peak|N",
+                     help="static fleet to compare with: sized for each model's peak (default), or N per model")
+    how.add_argument("--no-baseline", action="store_true")
+    how.add_argument("--interval", type=float, default=None,
+                     help="seconds between reconcile passes (default: LLMGW_RECONCILE_INTERVAL)")
+    how.add_argument("--duration", type=float, default=None, help="seconds to simulate (default: the trace, "
+                     "rounded up to an hour)")
+    how.add_argument("--cold-start", type=float, default=60.0,
+                     help="seconds from placement to ready for models that do not say (default 60)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--plot", metavar="PNG", help="where to save the plot (default: ./simulate-NAME.png)")
+    out.add_argument("--no-plot", action="store_true")
+    out.add_argument("--save-trace", metavar="FILE", help="also write the trace simulated (.jsonl/.csv)")
+    out.add_argument("--top", type=int, default=15, help="models shown in the table (default 15)")
+    out.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _since(text: str) -> datetime:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _usage_trace(since: datetime) -> traces.Trace:
+    from gateway.models import UsageRecord
+
+    rows = (UsageRecord.objects.filter(at__gte=since).order_by("at")
+            .values_list("at", "model_name", "prompt_tokens", "completion_tokens", "total_ms"))
+    return traces.from_usage(rows.iterator(), f"usage records since {since:%Y-%m-%d %H:%M} UTC")
+
+
+def _inputs(options):
+    """(catalog, fleet, trace, name) from the options; ValueError for what is missing."""
+    fleet = parse_fleet(options["fleet"]) if options["fleet"] else ()
+    if options["scenario"]:
+        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"], options["seed"])
+        return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
+    if bool(options["catalog"]) == bool(options["from_db"]):
+        raise ValueError("give the catalog: --catalog FILE or --from-db (or --scenario)")
+    catalog = (read_catalog(options["catalog"], options["cold_start"]) if options["catalog"]
+               else catalog_from_db(options["cold_start"]))
+    if options["trace"] and options["usage_records"]:
+        raise ValueError("give one trace: --trace FILE or --usage-records")
+    if options["trace"]:
+        trace = traces.read_trace(options["trace"])
+        name = Path(options["trace"]).name.split(".")[0]
+    elif options["usage_records"]:
+        trace = _usage_trace(_since(options["since"]))
+        name = "usage"
+    else:
+        raise ValueError("give a trace: --trace FILE or --usage-records (or --scenario)")
+    fleet = fleet or catalog.fleet or (fleet_from_db() if options["from_db"] else ())
+    if not fleet:
+        raise ValueError("give the fleet: --fleet SPEC like 8x8xH100-80G")
+    return catalog, fleet, trace, name
+
+
+def run(options, stdout, stderr) -> int:
+    try:
+        catalog, fleet, trace, name = _inputs(options)
+        count = None
+        if not options["no_baseline"] and options["baseline"] != "peak":
+            count = int(options["baseline"])
+            if count < 0:
+                raise ValueError("--baseline takes peak or a replica count ≥ 0")
+    except (OSError, ValueError) as exc:
+        stderr.write(f"{exc}\n")
+        return USAGE
+    if not len(trace):
+        stderr.write("the trace has no requests\n")
+        return FAILED
+    if options["save_trace"]:
+        traces.write_trace(trace, options["save_trace"])
+    interval = options["interval"] or float(getattr(settings, "LLMGW_RECONCILE_INTERVAL_S", 3.0))
+    config = SimConfig(reconcile_interval_s=interval, duration_s=options["duration"])
+    began = time.perf_counter()
+    ours = simulate(catalog, fleet, trace, config)
+    base = None if options["no_baseline"] else baseline(catalog, fleet, trace, config, count)
+    wall_s = time.perf_counter() - began
+    comparison = compare(ours, base) if base else None
+    png = None
+    if not options["no_plot"]:
+        png = str(plot(ours, options["plot"] or f"simulate-{name}.png", base))
+    if options["json"]:
+        write_json(stdout, {"llmgw": ours.data, "baseline": base.data if base else None,
+                            "comparison": comparison, "plot": png,
+                            "wall_s": {"total": round(wall_s, 2), "llmgw": round(ours.wall_s, 2),
+                                       "plan": round(ours.plan_wall_s, 2)}})
+        return OK
+    _print(console(stdout), ours, base, comparison, png, wall_s, options["top"])
+    return OK
+
+
+def _fmt(value, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "%":
+        return f"{value:.2%}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+_TOTALS = [
+    ("requests", "requests", ""), ("served", "served", ""), ("held", "held for a cold start", ""),
+    ("hold_p50_s", "  held for, p50 (s)", ""), ("hold_max_s", "  held for, max (s)", ""),
+    ("rejected_unservable", "rejected: unservable", ""), ("rejected_timeout", "rejected: cold-start timeout", ""),
+    ("cut_off", "cut off by a stop", ""), ("ttft_p50_ms", "TTFT p50 (ms)", ""), ("ttft_p95_ms", "TTFT p95 (ms)", ""),
+    ("slo_attainment", "SLO attainment", "%"), ("gpu_hours", "GPU-hours", ""), ("peak_gpus", "peak GPUs held", ""),
+    ("placements", "placements", ""), ("evictions", "evictions (to make room)", ""),
+    ("idle_stops", "idle stops (scaled to zero)", ""), ("scale_ups", "scale steps up", ""),
+    ("scale_steps", "scale steps, all", ""), ("oscillations", "oscillations", ""),
+    ("unfinished", "unfinished at the end", ""), ("unknown_model", "for models not in the catalog", ""),
+    ("after_end", "arrived after the end", ""),
+]
+
+
+def _print(out, ours, base, comparison, png, wall_s, top) -> None:
+    d = ours.data
+    out.print(f"[bold]{d['trace']['description']}[/]")
+    out.print(f"catalog: {d['catalog']['models']} models ({d['catalog']['on_demand']} on demand, "
+              f"{d['catalog']['with_windows']} with schedules); fleet: {d['fleet']['summary']}; "
+              f"{d['duration_s'] / 3600:g} h simulated, a pass every {d['reconcile_interval_s']:g} s")
+    columns = ["", "llmgw"] + ([f"static ({base.data['fleet']['gpus']} GPUs)"] if base else [])
+    rows = [[label, _fmt(ours.totals[key], kind)] + ([_fmt(base.totals[key], kind)] if base else [])
+            for key, label, kind in _TOTALS]
+    out.print(table("totals", columns, rows))
+    models = d["models"][:top]
+    out.print(table(
+        f"models (top {len(models)} of {len(d['models'])} by requests; --json for all)",
+        ["model", "requests", "held", "rejected", "TTFT p50", "TTFT p95", "SLO", "attained", "GPU-h", "max rep.",
+         "steps"],
+        [[m["name"] + (" (on demand)" if m["on_demand"] else ""), _fmt(m["requests"]), _fmt(m["held"]),
+          _fmt(m["rejected_unservable"] + m["rejected_timeout"]), _fmt(m["ttft_p50_ms"]),
+          _fmt(m["ttft_p95_ms"]) + ("" if m["p95_within_slo"] in (None, True) else " ✗"), _fmt(m["slo_ttft_ms"]),
+          _fmt(m["slo_attainment"], "%"), _fmt(m["gpu_hours"]), m["max_replicas"], m["scale_steps"]]
+         for m in models]))
+    steps = d["scale_steps"]
+    if steps:
+        shown = steps[:8]
+        out.print(table(f"scale steps ({len(steps)}, first {len(shown)})", ["at (h)", "model", "step", "why"],
+                        [[f"{s['t_s'] / 3600:.2f}", s["model"], f"{s['from']} → {s['to']}", s["why"]] for s in shown]))
+    if comparison:
+        out.print(f"[bold]{comparison['sentence']}[/]")
+    if png:
+        out.print(f"plot: {png}")
+    out.print(f"simulated in {wall_s:.1f} s wall ({ours.wall_s:.1f} s for llmgw's run, "
+              f"{ours.plan_wall_s:.1f} s of it in plan())")
