@@ -74,6 +74,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             log.warning("agent %s sent a bad message: %s", self.agent_name, exc)
             await self.send_json({"type": "error", "v": protocol.PROTOCOL_VERSION, "message": str(exc)})
             return
+        try:
+            await self._handle(message)
+        except Exception:  # a bad report must not cost the agent its connection
+            log.exception("could not apply a %s message from agent %s", message.get("type"), self.agent_name)
+            await self.send_json({"type": "error", "v": protocol.PROTOCOL_VERSION,
+                                  "message": f"could not apply your {message.get('type')} message"})
+
+    async def _handle(self, message: dict) -> None:
         kind = message["type"]
         if kind == "heartbeat":
             await database_sync_to_async(reports.touch)(self.agent_id)

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class HeartbeatStamps:
     the control plane's own. Stamps only move ``last_seen_at`` forwards."""
 
     #: Stamps are written rounded down to this (seconds): one UPDATE per distinct value.
-    RESOLUTION_S = 0.5
+    RESOLUTION_S = 0.1
 
     def __init__(self) -> None:
         self.pending: dict[int, datetime] = {}
@@ -168,7 +169,11 @@ class Watcher:
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._last_flush = 0.0
+        self._routed_at: dict[int, float] = {}
         self._last_register = 0.0
+        self._database_away_since: float | None = None
+        self._generations: dict[int, tuple[int, int]] = {}
+        self._generations_key: tuple | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def ensure_started(self) -> None:
@@ -225,8 +230,18 @@ class Watcher:
                 await self._push_agents()
                 await self.flush_usage()
                 await self._register()
+                if self._database_away_since is not None:
+                    log.warning("database back after %.1f s", time.monotonic() - self._database_away_since)
+                    self._database_away_since = None
             except asyncio.CancelledError:
                 raise
+            except DatabaseError as exc:
+                # Routing goes on from the last table; heartbeat stamps wait in memory.
+                if self._database_away_since is None:
+                    self._database_away_since = time.monotonic()
+                    log.warning("database unavailable (%s): routing from the last table, retrying",
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                await asyncio.sleep(0.5)
             except Exception:
                 log.exception("watcher refresh failed; retrying")
                 await asyncio.sleep(1.0)
@@ -237,18 +252,21 @@ class Watcher:
 
     async def _refresh(self) -> None:
         started = time.monotonic()
-        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents))
+        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents), self._generations_key)
         view.started_at = started
         view.version = self.view.version + 1
-        generations = view.__dict__.pop("_generations", {})
+        key = view.__dict__.pop("_generations_key", None)
+        generations = view.__dict__.pop("_generations", None)
         self.view = view
-        self._generations = generations
+        if generations is not None or key is None:
+            self._generations = generations or {}
+        self._generations_key = key
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
 
     async def _push_agents(self) -> None:
-        for agent_id, (generation, restart) in getattr(self, "_generations", {}).items():
+        for agent_id, (generation, restart) in self._generations.items():
             consumer = self.agents.get(agent_id)
             if consumer is None:
                 continue
@@ -278,8 +296,15 @@ class Watcher:
         due = now - self._last_flush >= settings.LLMGW_USAGE_FLUSH_INTERVAL_S
         if not (force or due):
             return
-        known = {e.replica_id for eps in self.view.routes.values() for e in eps}
-        report = usage.take_report(known)
+        # Replicas routed recently are still reported (0 in flight is worth knowing): a
+        # draining replica has left the routing table, and its drain waits for a report
+        # made after the drain began.
+        for eps in self.view.routes.values():
+            for e in eps:
+                self._routed_at[e.replica_id] = now
+        for rid in [r for r, at in self._routed_at.items() if now - at > 120.0]:
+            del self._routed_at[rid]
+        report = usage.take_report(set(self._routed_at))
         self._last_flush = now
         if report:
             from fleet.usage import record_report
@@ -303,8 +328,9 @@ def register_web_process() -> None:
     ControlPlane.heartbeat(ControlPlane.Role.WEB)
 
 
-def _load_view(agent_ids: list[int]) -> View:
+def _load_view(agent_ids: list[int], previous_key: tuple | None = None) -> View:
     from django.db import close_old_connections
+    from django.db.models import Sum
 
     from catalog.models import ClusterSettings
     from fleet.models import Agent, ModelState, Replica
@@ -315,8 +341,16 @@ def _load_view(agent_ids: list[int]) -> View:
     routes: dict[int, list[Endpoint]] = defaultdict(list)
     coming: dict[int, int] = defaultdict(int)
     # An agent heard from within the route grace keeps its replicas routable: a restarting
-    # agent (seconds) leaves its engines serving; a silent one drops out of routing.
-    heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
+    # agent (seconds) leaves its engines serving; a silent one drops out of routing. As for
+    # lost agents, silence counts only while the control plane could listen: just after the
+    # database (or every web process) was away, stamps are still on their way.
+    now = timezone.now()
+    heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
+    from fleet.reconciler import listening_since
+
+    listening = listening_since(now)
+    if listening is not None and listening > heard_since:
+        heard_since = datetime.min.replace(tzinfo=now.tzinfo)
     rows = Replica.objects.filter(
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
     ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at")
@@ -337,11 +371,16 @@ def _load_view(agent_ids: list[int]) -> View:
     if row is not None:
         view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])
     if agent_ids:
-        view._generations = {
-            agent_id: (generation, restart)
-            for agent_id, generation, restart in Agent.objects.filter(id__in=agent_ids).values_list(
-                "id", "generation", "restart_generation")
-        }
+        # Generations only grow: unchanged sums (and the same agents) mean nothing to push,
+        # one row instead of one per agent connected here (a thousand, five times a second).
+        totals = Agent.objects.aggregate(g=Sum("generation"), r=Sum("restart_generation"))
+        view._generations_key = (frozenset(agent_ids), totals["g"], totals["r"])
+        if view._generations_key != previous_key:
+            view._generations = {
+                agent_id: (generation, restart)
+                for agent_id, generation, restart in Agent.objects.filter(id__in=agent_ids).values_list(
+                    "id", "generation", "restart_generation")
+            }
     return view
 
 

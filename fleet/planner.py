@@ -31,6 +31,8 @@ class Policy:
     agent_lost_after_s: float = 20.0
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
+    #: A replica its agent has not taken up (still placing) this long is failed and replaced.
+    placing_timeout_s: float = 120.0
     scaling: ScalingPolicy = ScalingPolicy()
     #: Since when the control plane could record heartbeats without a gap (None: always).
     #: An agent's silence is counted from the later of its last message and this instant,
@@ -379,8 +381,13 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
             if r.agent_id in stale and r.state in HOLDS_RESOURCES:
                 age = silence[r.agent_id]
                 heard = "never heard from" if age is None else f"silent for {_fmt_s(age)}"
-                result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}"))
-                states[r.id] = S.LOST
+                if r.state in COUNTS_TOWARDS_DESIRED:
+                    result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}"))
+                    states[r.id] = S.LOST
+                elif r.state == S.DRAINING:  # on its way out anyway: never to run again
+                    result.actions.append(Move(r.id, S.STOPPING, f"agent {agents[r.agent_id].name} {heard}"))
+                    states[r.id] = S.STOPPING
+                # stopping: the agent stops it when back, or reconnects without it (fleet.reports)
 
     usable: dict[int, str | None] = {}
     for a in snapshot.agents:
@@ -410,6 +417,20 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 room.free_gpus.pop(idx, None)
             room.free_cores -= r.cpu_cores
             room.free_memory_mib -= r.memory_mib
+
+    # 1b. Placed but never taken up by a connected agent: fail it (and so replace it with
+    # backoff) instead of letting it block the model forever.
+    for r in snapshot.replicas:
+        if states[r.id] != S.PLACING or r.state_changed_at is None:
+            continue
+        waited = (now - r.state_changed_at).total_seconds()
+        if waited >= policy.placing_timeout_s and not usable.get(r.agent_id):
+            result.actions.append(Move(r.id, S.FAILED, f"agent {agents[r.agent_id].name} did not take it up "
+                                                       f"within {_fmt_s(policy.placing_timeout_s)}"))
+            states[r.id] = S.FAILED
+            for room in (rooms.get(r.agent_id),):
+                if room is not None:
+                    room.give_back(r)
 
     # 2. Draining → stopping.
     for r in snapshot.replicas:
@@ -445,6 +466,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     models = {m.id: m for m in snapshot.models}
     desired = {m.id: desired_replicas(m, policy, now) for m in snapshot.models}
     forgotten: set[int] = set()
+    claimed: set[int] = set()  # releasing replicas some model is already waiting for
 
     def active_of(model_id: int) -> list[ReplicaView]:
         return [r for r in by_model[model_id] if states[r.id] in COUNTS_TOWARDS_DESIRED]
@@ -471,6 +493,14 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         _settle_returning(m, desired[m.id], by_model[m.id], returning, states, agents, result)
         active = active_of(m.id)
         missing = desired[m.id] - len(active)
+        if missing > 0 and not policy.stopped:
+            # A replica still draining is warm: serving again beats a cold start.
+            for r in sorted((r for r in by_model[m.id] if states[r.id] == S.DRAINING and not usable.get(r.agent_id)),
+                            key=lambda r: -r.id)[:missing]:
+                result.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled"))
+                states[r.id] = S.READY
+                missing -= 1
+            active = active_of(m.id)
         if missing > 0 and m.profile is None:
             outcome.reason = "no engine profile: cannot place"
             outcome.unservable = True
@@ -483,7 +513,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 )
             else:
                 _place_missing(m, missing, active, result, rooms, usable, snapshot, now,
-                               states, by_model, models, desired, forgotten, outcome)
+                               states, by_model, models, desired, forgotten, outcome, claimed)
         elif missing < 0:
             for r in _surplus(active, -missing):
                 why = outcome.reason or f"surplus: {len(active)} running, {desired[m.id]} wanted"
@@ -506,6 +536,10 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         outcome.active = sum(1 for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED)
         outcome.ready = sum(1 for r in reps if states[r.id] == S.READY)
         outcome.active += sum(1 for p in result.places if p.model_id == m.id)
+        if m.failures and not outcome.ready and outcome.desired and not outcome.reason.startswith("crash loop"):
+            # Between two failures the next attempt is coming up: still a crash loop.
+            outcome.reason = (f"crash loop: {len(m.failures)} failure(s) in a row, trying again ({outcome.reason})"
+                              + (f"; last error: {m.last_error}" if m.last_error else ""))
     return result
 
 
@@ -584,7 +618,7 @@ def _place_missing(
     rooms: dict[int, _Room], usable: dict[int, str | None], snapshot: Snapshot,
     now: datetime, states: dict[int, ReplicaState], by_model: dict[int, list[ReplicaView]],
     models: dict[int, ModelView], desired: dict[int, int], forgotten: set[int],
-    outcome: ModelOutcome,
+    outcome: ModelOutcome, claimed: set[int],
 ) -> None:
     assert m.profile is not None
     placed_here: dict[int, int] = defaultdict(int)
@@ -592,6 +626,12 @@ def _place_missing(
     for _ in range(missing):
         fits, reasons = _candidate_rooms(m, rooms, usable, active, placed_here)
         if not fits:
+            waiting_for = _room_being_freed(m, rooms, usable, snapshot, states, claimed)
+            if waiting_for:
+                # Replicas already draining or stopping will free enough: wait for them
+                # rather than evict more, and do not tell held requests it is hopeless.
+                outcome.reason = f"waiting for {waiting_for} to stop, then placing {m.name}"
+                break
             evicted = _make_room(m, rooms, usable, snapshot, now, states, by_model, models,
                                  desired, forgotten, result) if m.on_demand else None
             if evicted:
@@ -601,6 +641,8 @@ def _place_missing(
                 detail = _group_reasons(reasons) if reasons else "no agents registered"
                 outcome.reason = f"no agent has {needs}; {detail}"
                 outcome.unservable = True
+                # Nobody is served by wanting it on: the next request asks afresh.
+                outcome.forget_demand = m.on_demand
             break
         _, agent_id, gpus = fits[0]
         room = rooms[agent_id]
@@ -615,6 +657,32 @@ def _place_missing(
                   0 if m.profile.gpus_needed else m.profile.memory_mib, why)
         )
         outcome.reason = why
+
+
+def _room_being_freed(
+    m: ModelView, rooms: dict[int, _Room], usable: dict[int, str | None], snapshot: Snapshot,
+    states: dict[int, ReplicaState], claimed: set[int],
+) -> str | None:
+    """If replicas already draining or stopping (and not awaited by another model this pass)
+    will make room for ``m`` on a usable agent, claim them and name them; else None."""
+    assert m.profile is not None
+    releasing: dict[int, list[ReplicaView]] = defaultdict(list)
+    for r in snapshot.replicas:
+        if states[r.id] in (S.DRAINING, S.STOPPING) and r.id not in claimed and not usable.get(r.agent_id):
+            releasing[r.agent_id].append(r)
+    for agent_id in sorted(releasing, key=lambda a: rooms[a].agent.name if a in rooms else ""):
+        if agent_id not in rooms:
+            continue
+        room = rooms[agent_id]
+        trial = replace(room, free_gpus=dict(room.free_gpus))
+        for r in releasing[agent_id]:
+            trial.give_back(r)
+        _, why = trial.fit(m.profile)
+        if why is None:
+            claimed.update(r.id for r in releasing[agent_id])
+            n = len(releasing[agent_id])
+            return f"{n} replica{'s' if n > 1 else ''} on {room.agent.name}"
+    return None
 
 
 def _make_room(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 
@@ -73,6 +74,7 @@ def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Po
         agent_lost_after_s=settings.LLMGW_AGENT_LOST_AFTER_S,
         backoff_base_s=settings.LLMGW_BACKOFF_BASE_S,
         backoff_cap_s=settings.LLMGW_BACKOFF_CAP_S,
+        placing_timeout_s=settings.LLMGW_PLACING_TIMEOUT_S,
         listening_since=listening_since(now) if now is not None else None,
     )
 
@@ -89,6 +91,26 @@ def fresh_in_flight(now: datetime) -> dict[int, int]:
     return {row["replica_id"]: row["total"] for row in rows}
 
 
+def in_flight_since_draining(now: datetime, draining: list[Replica]) -> dict[int, int]:
+    """In-flight totals for draining replicas, counting only reports made after the drain
+    began (an older 0 may predate a request routed just before): a replica that no web
+    process has reported on since is absent, i.e. unknown, and waits for the grace."""
+    if not draining:
+        return {}
+    since = now - timedelta(seconds=settings.LLMGW_USAGE_REPORT_FRESH_S)
+    began = {r.pk: r.state_changed_at for r in draining}
+    totals: dict[int, int] = {}
+    stale: set[int] = set()
+    for replica_id, flight, at in UsageReport.objects.filter(replica_id__in=began, reported_at__gte=since).values_list(
+            "replica_id", "in_flight", "reported_at"):
+        if at < began[replica_id]:
+            stale.add(replica_id)
+        else:
+            totals[replica_id] = totals.get(replica_id, 0) + flight
+    # One process's report from before the drain makes the sum unknown.
+    return {rid: total for rid, total in totals.items() if rid not in stale}
+
+
 def load_snapshot(now: datetime) -> planner.Snapshot:
     """Read everything one pass needs in a handful of queries."""
     cluster = ClusterSettings.get_solo()
@@ -103,6 +125,11 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         )
         for a in Agent.objects.all()
     )
+    # Replicas that run before the failures: each query sees the database as of its own
+    # start, so a replica failing in between then shows as failed (counted for backoff)
+    # rather than as missing from both (placed again at once).
+    live_states = [s.value for s in HOLDS_RESOURCES] + [ReplicaState.LOST.value]
+    replica_rows = list(Replica.objects.filter(state__in=live_states))
     states = {s.model_id: s for s in ModelState.objects.all()}
     last_ready = dict(
         Replica.objects.values("model_id").annotate(t=Max("ready_at")).values_list("model_id", "t")
@@ -145,15 +172,16 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
             )
         )
-    live_states = [s.value for s in HOLDS_RESOURCES] + [ReplicaState.LOST.value]
+    drained = in_flight_since_draining(now, [r for r in replica_rows if r.state == ReplicaState.DRAINING.value])
     replicas = tuple(
         planner.ReplicaView(
             id=r.id, model_id=r.model_id, agent_id=r.agent_id, state=ReplicaState(r.state),
             gpu_indices=tuple(r.gpu_indices or ()), cpu_cores=r.cpu_cores, memory_mib=r.memory_mib,
             state_changed_at=r.state_changed_at, last_used_at=r.last_used_at,
-            in_flight=in_flight.get(r.id), back=is_back(r),
+            in_flight=drained.get(r.id) if r.state == ReplicaState.DRAINING.value else in_flight.get(r.id),
+            back=is_back(r),
         )
-        for r in Replica.objects.filter(state__in=live_states)
+        for r in replica_rows
     )
     return planner.Snapshot(_policy(cluster, now), agents, tuple(models), replicas)
 
@@ -189,13 +217,16 @@ def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:
     return {model_id: Load(n, running, waiting) for model_id, (n, running, waiting) in acc.items()}
 
 
-def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
+def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datetime | None] | None = None) -> set[int]:
     """Write a plan's actions and outcomes; returns the agents whose desired set moved."""
     touched: set[int] = set()
     models = {m.id: m for m in Model.objects.select_related("profile").filter(
         id__in=[p.model_id for p in result.places]
     )}
-    for action in result.actions:
+    # Places, then moves in replica id order: report ingestion locks rows in that order too,
+    # so the two never deadlock on PostgreSQL.
+    ordered = result.places + sorted(result.moves, key=lambda move: move.replica_id)
+    for action in ordered:
         if isinstance(action, planner.Place):
             model = models[action.model_id]
             Replica.objects.create(
@@ -230,6 +261,13 @@ def apply_plan(result: planner.Plan, now: datetime) -> set[int]:
             ScalingEvent.objects.create(model_id=model_id, at=now, from_replicas=before, to_replicas=after, reason=why)
             log.info("scaling model %s: %d → %d: %s", model_id, before, after, why)
         state, _ = ModelState.objects.get_or_create(model_id=model_id)
+        if wanted_seen is not None and state.wanted_at != wanted_seen.get(model_id):
+            # Wanted again since this pass read the snapshot: its verdict ("unservable",
+            # "idle") is about the old demand. Keep the new request's fresh start; the pass
+            # it requested decides.
+            fields["unservable"] = False
+            fields.pop("reason")
+            outcome.forget_demand = False
         changed = [k for k, v in fields.items() if getattr(state, k) != v]
         for k in changed:
             setattr(state, k, fields[k])
@@ -251,7 +289,7 @@ def run_pass(now: datetime | None = None) -> planner.Plan:
     snapshot = load_snapshot(now)
     result = planner.plan(snapshot, now)
     with transaction.atomic():
-        touched = apply_plan(result, now)
+        touched = apply_plan(result, now, {m.id: m.wanted_at for m in snapshot.models})
     if touched:
         transaction.on_commit(lambda: nudge_agents(touched))
     return result
@@ -287,7 +325,10 @@ def reconcile(holder: str | None = None) -> int:
         if seen is None:
             return passes
         try:
+            started = time.time()
             run_pass(now)
+            # Machine-readable, for checking that passes never overlap (tests/test_faults.py).
+            log.debug("pass by %s ran from %.6f to %.6f", holder, started, time.time())
         except Exception:
             log.exception("reconcile pass failed")
             PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)

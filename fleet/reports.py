@@ -50,24 +50,43 @@ def touch(agent_id: int) -> None:
     heartbeats.stamp(agent_id)
 
 
+def _count(value, maximum: int = 2**31 - 1) -> int | None:
+    """A non-negative integer from an agent's message, or None for anything else (a bad
+    field is skipped, never allowed to fail the whole report)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if 0 <= number <= maximum else None
+
+
 def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:
-    """Store the agent's GPUs, cores and RAM; True if its capacity changed."""
+    """Store the agent's GPUs, cores and RAM; True if its capacity changed. Malformed
+    entries are skipped."""
+    if not isinstance(inventory, dict):
+        return False
     changed = False
-    cores, memory = int(inventory.get("cpu_cores") or 0), int(inventory.get("memory_mib") or 0)
+    cores, memory = _count(inventory.get("cpu_cores")) or 0, _count(inventory.get("memory_mib")) or 0
     if (agent.cpu_cores, agent.memory_mib) != (cores, memory):
         agent.cpu_cores, agent.memory_mib = cores, memory
         agent.save(update_fields=["cpu_cores", "memory_mib"])
         changed = True
     seen = set()
-    for gpu in inventory.get("gpus") or []:
-        seen.add(int(gpu["index"]))
+    gpus = inventory.get("gpus") if isinstance(inventory.get("gpus"), list) else []
+    for gpu in gpus:
+        index = _count(gpu.get("index"), 1023) if isinstance(gpu, dict) else None
+        if index is None:
+            continue
+        seen.add(index)
         obj, created = Gpu.objects.update_or_create(
-            agent=agent, index=int(gpu["index"]),
+            agent=agent, index=index,
             defaults={
                 "uuid": str(gpu.get("uuid", ""))[:128],
                 "name": str(gpu.get("name", ""))[:128],
-                "memory_total_mib": int(gpu.get("memory_total_mib") or 0),
-                "memory_used_mib": int(gpu.get("memory_used_mib") or 0),
+                "memory_total_mib": _count(gpu.get("memory_total_mib")) or 0,
+                "memory_used_mib": _count(gpu.get("memory_used_mib")) or 0,
             },
         )
         changed = changed or created
@@ -100,7 +119,8 @@ def forget_unreported(agent_id: int, reported: list[protocol.ReplicaReport]) -> 
         except (KeyError, TypeError, ValueError):
             continue
     gone = 0
-    running = [S.DOWNLOADING.value, S.STARTING.value, S.READY.value, S.DRAINING.value, S.LOST.value]
+    running = [S.DOWNLOADING.value, S.STARTING.value, S.READY.value, S.DRAINING.value, S.STOPPING.value,
+               S.LOST.value]
     for replica in Replica.objects.filter(agent_id=agent_id, state__in=running).exclude(pk__in=ids):
         if replica.transition(S.STOPPED, reason="its agent reconnected without this engine running"):
             gone += 1
@@ -143,25 +163,25 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
     failed or stopped, freeing resources or needing a successor)."""
     needs_pass = False
     by_id = {}
-    for report in reports:
-        try:
-            by_id[int(report["replica_id"])] = report
-        except (KeyError, TypeError, ValueError):
-            continue
+    for report in reports if isinstance(reports, list) else []:
+        replica_id = _count(report.get("replica_id"), 2**62) if isinstance(report, dict) else None
+        if replica_id is not None:
+            by_id[replica_id] = report
     if not by_id:
         return False
     with transaction.atomic():
-        for replica in Replica.objects.filter(pk__in=by_id, agent_id=agent_id):
+        # In id order, as the reconciler applies its moves: rows locked in one order never deadlock.
+        for replica in Replica.objects.filter(pk__in=by_id, agent_id=agent_id).order_by("id"):
             report = by_id[replica.pk]
             fields = {}
-            for name in ("pid", "port"):
-                value = report.get(name)
+            for name, top in (("pid", 2**31 - 1), ("port", 65535)):
+                value = _count(report.get(name), top)
                 if value is not None and getattr(replica, name) != value:
-                    fields[name] = int(value)
+                    fields[name] = value
             if "running" in report or "waiting" in report:
                 # Unknown stays unknown (None); the stamp makes stale reports unknown too.
-                fields["load_running"] = report.get("running")
-                fields["load_waiting"] = report.get("waiting")
+                fields["load_running"] = _count(report.get("running"))
+                fields["load_waiting"] = _count(report.get("waiting"))
                 fields["load_reported_at"] = timezone.now()
             if "progress" in report:
                 progress = _fraction(report.get("progress"))

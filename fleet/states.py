@@ -40,7 +40,8 @@ TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     S.DOWNLOADING: frozenset({S.STARTING, S.READY, S.STOPPING, S.STOPPED, S.FAILED, S.LOST}),
     S.STARTING: frozenset({S.READY, S.STOPPING, S.STOPPED, S.FAILED, S.LOST}),
     S.READY: frozenset({S.DRAINING, S.STOPPING, S.STOPPED, S.FAILED, S.LOST, S.STARTING}),
-    S.DRAINING: frozenset({S.STOPPING, S.STOPPED, S.FAILED, S.LOST}),
+    # Wanted again while draining: the warm replica is routable again (drain cancelled).
+    S.DRAINING: frozenset({S.READY, S.STOPPING, S.STOPPED, S.FAILED, S.LOST}),
     S.STOPPING: frozenset({S.STOPPED, S.FAILED, S.LOST}),
     S.STOPPED: frozenset(),
     S.FAILED: frozenset({S.STOPPED}),

@@ -39,7 +39,7 @@ def record_report(process: str, report: dict[int, tuple[int, datetime | None]]) 
     """Store one web process's report: ``{replica_id: (in_flight, last_used_at or None)}``."""
     now = timezone.now()
     existing = set(Replica.objects.filter(pk__in=report).values_list("pk", flat=True))
-    latest_by_model: dict[int, datetime] = {}
+    latest_by_model: dict[int, tuple[datetime, int]] = {}
     model_of = dict(Replica.objects.filter(pk__in=existing).values_list("pk", "model_id"))
     with transaction.atomic():
         for replica_id, (in_flight, last_used) in report.items():
@@ -53,10 +53,10 @@ def record_report(process: str, report: dict[int, tuple[int, datetime | None]]) 
             if last_used is not None:
                 record_last_use(replica_id, last_used)
                 model_id = model_of[replica_id]
-                if model_id not in latest_by_model or last_used > latest_by_model[model_id]:
-                    latest_by_model[model_id] = last_used
-        for model_id, used in latest_by_model.items():
-            keep_demand_alive(model_id, used)
+                if model_id not in latest_by_model or last_used > latest_by_model[model_id][0]:
+                    latest_by_model[model_id] = (last_used, replica_id)
+        for model_id, (used, replica_id) in latest_by_model.items():
+            keep_demand_alive(model_id, used, replica_id)
 
 
 def record_last_use(replica_id: int, used_at: datetime) -> bool:
@@ -68,9 +68,16 @@ def record_last_use(replica_id: int, used_at: datetime) -> bool:
     )
 
 
-def keep_demand_alive(model_id: int, used_at: datetime) -> bool:
-    """Use of a wanted model moves its ``wanted_at`` forwards (only if it is wanted)."""
-    return bool(
-        ModelState.objects.filter(model_id=model_id, wanted_at__isnull=False, wanted_at__lt=used_at)
-        .update(wanted_at=used_at)
-    )
+def keep_demand_alive(model_id: int, used_at: datetime, replica_id: int | None = None) -> bool:
+    """Use of a wanted model moves its ``wanted_at`` forwards. A model whose demand a pass
+    has just ended is wanted again if a replica still ready or draining served a request:
+    it was routed before the drain (reports land up to a flush interval late), so the idle
+    verdict was made without it — and the planner cancels the drain."""
+    moved = ModelState.objects.filter(model_id=model_id, wanted_at__isnull=False, wanted_at__lt=used_at).update(
+        wanted_at=used_at)
+    if moved or replica_id is None:
+        return bool(moved)
+    warm = Replica.objects.filter(pk=replica_id, model__on_demand=True, state__in=["ready", "draining"]).exists()
+    if not warm:
+        return False
+    return bool(ModelState.objects.filter(model_id=model_id, wanted_at__isnull=True).update(wanted_at=used_at))

@@ -66,6 +66,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # 503 + Retry-After, not 500, while the database is away (PostgreSQL restarting).
+    "llmgw.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "llmgw.urls"
@@ -116,8 +118,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # The prefix keeps clusters (or test runs) sharing one Redis apart.
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("REDIS_PREFIX", "llmgw")},
+            "CONFIG": {
+                # redis-py 8 reads with a 5 s socket timeout by default, the same as the
+                # layer's 5 s BZPOPMIN: the read could time out first and close a websocket.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                # The prefix keeps clusters (or test runs) sharing one Redis apart.
+                "prefix": env_str("REDIS_PREFIX", "llmgw"),
+            },
         }
     }
 else:
@@ -207,3 +214,4 @@ LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
 LLMGW_DASHBOARD_REFRESH_S = env_duration_s("DASHBOARD_REFRESH", 5.0)
 #: /v1/ requires an API key (``llmgw keys create``). Off only for trusted development setups.
 LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)
+LLMGW_PLACING_TIMEOUT_S = env_duration_s("PLACING_TIMEOUT", 120.0)

@@ -351,3 +351,17 @@ def test_making_room_is_only_for_on_demand_models():
     ordinary = model(1, "llama-70b", min_replicas=1)
     result = plan(snap([gpu_agent(1, "a")], models + [ordinary], replicas), NOW)
     assert result.moves == [] and result.models[1].unservable
+
+
+def test_a_draining_replica_of_a_model_wanted_again_serves_again_instead_of_a_cold_start():
+    m = model(1, "m", on_demand=True, wanted_at=ago(1))
+    replicas = [rep(1, 1, 1, S.DRAINING, in_flight=1, state_changed_at=ago(2))]
+    result = plan(snap([gpu_agent(1, "a")], [m], replicas), NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == [(1, S.READY)] and result.places == []
+
+
+def test_a_replica_its_agent_never_takes_up_is_failed_after_the_placing_timeout():
+    replicas = [rep(1, 1, 1, S.PLACING, state_changed_at=ago(121))]
+    result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas, placing_timeout_s=120), NOW)
+    assert (1, S.FAILED) in [(x.replica_id, x.to) for x in result.moves]
+    assert "did not take it up" in result.moves[0].reason

@@ -3,12 +3,21 @@ control plane that itself stalled, crash loops. No database; ``now`` is passed i
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from fleet.planner import AgentView, GpuView, ModelView, Policy, ProfileView, ReplicaView, Snapshot, plan
+from fleet.planner import (
+    AgentView,
+    GpuView,
+    ModelView,
+    Policy,
+    ProfileView,
+    ReplicaView,
+    Snapshot,
+    plan,
+)
 from fleet.states import ReplicaState as S
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 GPU = ProfileView(id=1, gpus_needed=1, gpu_memory_mib=40960)
 
 
@@ -108,6 +117,14 @@ def test_an_agent_silent_for_longer_than_the_grace_is_replaced_on_another():
     assert [(p.model_id, p.agent_id) for p in result.places] == [(1, 2)]
 
 
+def test_only_replicas_meant_to_run_are_lost_with_their_agent():
+    replicas = [rep(1, 1, S.READY), rep(2, 1, S.DRAINING, model_id=2), rep(3, 1, S.STOPPING, model_id=3)]
+    models = [model(1, "m"), model(2, "n", min_replicas=0), model(3, "o", min_replicas=0)]
+    result = run([agent(1, "a", gpus=3, last_seen_at=ago(30)), agent(2, "b")], models, replicas)
+    # A lost replica may run again if its agent returns; one on its way out never should.
+    assert moves(result) == [(1, S.LOST), (2, S.STOPPING)]
+
+
 def test_a_blip_shorter_than_the_grace_moves_nothing():
     result = run([agent(1, "a", last_seen_at=ago(19), connected=False), agent(2, "b")], [model()], [rep(1, 1)])
     assert result.actions == []
@@ -161,3 +178,12 @@ def test_a_crash_loop_shows_as_such_with_the_last_error_and_waits_longer_each_ti
 def test_the_backoff_is_capped():
     m = model(failures=tuple(ago(100 + i) for i in range(8, 0, -1)))
     assert len(run([agent(1, "a")], [m], [], backoff_base_s=1, backoff_cap_s=10, now=NOW - timedelta(seconds=90)).places) == 1
+
+
+def test_an_attempt_between_failures_is_still_shown_as_a_crash_loop():
+    m = model(failures=(ago(30), ago(20)), last_error="engine exited with code 1")
+    result = run([agent(1, "a")], [m], [rep(5, 1, S.STARTING)], backoff_base_s=1)
+    assert result.models[1].reason == ("crash loop: 2 failure(s) in a row, trying again (1 wanted, all placed); "
+                                       "last error: engine exited with code 1")
+    placing = run([agent(1, "a")], [m], [], backoff_base_s=1)
+    assert placing.models[1].reason.startswith("crash loop: 2 failure(s) in a row, trying again (placed on a GPU 0")

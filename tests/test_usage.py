@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone as tz
 import pytest
 from django.utils import timezone
 
+from catalog.models import Model
 from fleet.models import Agent, ModelState, Replica, UsageReport
 from fleet.reconciler import fresh_in_flight
 from fleet.usage import advance, merge_last_used, record_report
@@ -65,7 +66,15 @@ def test_use_keeps_a_wanted_models_demand_alive(replica):
     assert ModelState.objects.get(model=replica.model).wanted_at == later
 
 
-def test_use_does_not_make_an_unwanted_model_wanted(replica):
+def test_use_of_a_warm_on_demand_replica_is_demand_even_after_a_pass_ended_it(replica):
+    ModelState.objects.create(model=replica.model, wanted_at=None)  # a pass just judged it idle
+    used = timezone.now()
+    record_report("web-1", {replica.pk: (0, used)})  # ... but it served a request meanwhile
+    assert ModelState.objects.get(model=replica.model).wanted_at == used
+
+
+def test_use_does_not_make_an_ordinary_model_on_demand(replica):
+    Model.objects.filter(pk=replica.model_id).update(on_demand=False, min_replicas=1)
     ModelState.objects.create(model=replica.model, wanted_at=None)
     record_report("web-1", {replica.pk: (0, timezone.now())})
     assert ModelState.objects.get(model=replica.model).wanted_at is None

@@ -315,7 +315,9 @@ class EngineManager:
             self._changed()
             deadline = time.monotonic() + float(spec["startup_timeout_s"])
             pause = 0.02  # poll fast at first: somebody may be holding a request for this
-            while not await self._ready(engine):
+            while not (engine.alive() and await self._ready(engine)):
+                # Alive first: if our engine died (say its port was taken), whatever else
+                # answers on that port must not pass for it.
                 if not engine.alive():
                     raise _EngineFailed(f"engine exited with code {engine.proc.returncode} while starting")
                 if time.monotonic() > deadline:
@@ -443,6 +445,9 @@ class EngineManager:
             self._kill_group(engine.pid, signal.SIGKILL)
             while engine.alive():
                 await asyncio.sleep(0.05)
+        else:
+            # The leader is gone; children it left in its group (workers) go too.
+            self._kill_group(engine.pid, signal.SIGKILL)
         self._reap(engine)
 
     @staticmethod

@@ -507,7 +507,8 @@ class Simulator:
         """True when ``plan()`` provably decides nothing for ``m`` (module docstring): no
         demand, nothing held, default scaling memory, and either cold (nothing active, a
         floor of 0) or fixed-size with all its replicas (not on demand, max ≤ min)."""
-        if m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None:
+        if (m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None
+                or m.unservable):
             return False
         low = m.window_min if m.window_min is not None else m.spec.min_replicas
         if m.active == 0 and low == 0:

@@ -1,0 +1,45 @@
+"""Project-wide middleware."""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 2
+
+
+class DatabaseUnavailableMiddleware:
+    """A view that could not reach the database (PostgreSQL restarting, a failover) is
+    answered 503 with ``Retry-After`` — in OpenAI's error shape under ``/v1/`` — instead of
+    a 500: the request may be retried as it is. Costs nothing until a view raises (Django
+    calls ``process_exception`` only then); sync and async alike."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest):
+        return self.get_response(request)  # async: the coroutine, awaited by the caller
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, (OperationalError, InterfaceError)):
+            return None
+        log.warning("database unavailable for %s %s: %s", request.method, request.path, exception)
+        message = "The control plane's database is unavailable for a moment; retry shortly."
+        if request.path.startswith("/v1/"):
+            from gateway.errors import openai_error
+
+            return openai_error(503, message, code="database_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+        response = HttpResponse(message + "\n", status=503, content_type="text/plain")
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
