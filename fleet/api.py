@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
@@ -174,3 +180,18 @@ class ExplainView(APIView):
         if model is None:
             raise NotFound(f"no model called {name!r}")
         return Response(explain_model(model))
+
+
+class ObtainToken(APIView):
+    """POST username and password → a new REST API token, shown once (stored hashed)."""
+
+    permission_classes = [permissions.AllowAny]
+    authentication_classes: list = []
+    serializer_class = AuthTokenSerializer
+
+    def post(self, request):
+        from fleet.models import ApiToken
+
+        serializer = AuthTokenSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        return Response({"token": ApiToken.issue(serializer.validated_data["user"])})

@@ -302,3 +302,26 @@ class ScalingEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}: {self.from_replicas} → {self.to_replicas} ({self.reason})"
+
+
+class ApiToken(models.Model):
+    """A staff member's token for the REST API: stored as SHA-256, found by its visible
+    prefix (DESIGN, Decisions: "Keys and tokens"); the clear token is shown once."""
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="llmgw_api_tokens")
+    prefix = models.CharField(max_length=64, db_index=True)
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "REST API token"
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, user) -> str:
+        """A new token for ``user``; returns the clear token (never stored)."""
+        clear = tokens.new_token("api")
+        cls.objects.create(user=user, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear))
+        return clear

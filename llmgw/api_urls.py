@@ -7,7 +7,6 @@ endpoint opened in a browser.
 
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from catalog import api as catalog_api
@@ -29,7 +28,7 @@ urlpatterns = [
     path("models/<int:pk>/want/", fleet_api.ModelWantView.as_view(), name="model-want"),
     path("models/<int:pk>/evict/", fleet_api.ModelEvictView.as_view(), name="model-evict"),
     path("explain/<path:name>/", fleet_api.ExplainView.as_view(), name="explain"),
-    path("auth/token/", obtain_auth_token, name="auth-token"),
+    path("auth/token/", fleet_api.ObtainToken.as_view(), name="auth-token"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("schema/ui/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="schema-ui"),
     path("", include(router.urls)),

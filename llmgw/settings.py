@@ -50,7 +50,6 @@ INSTALLED_APPS = [
     "channels",
     "django_q",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "llmgw",
     "catalog",
@@ -163,7 +162,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.BasicAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "fleet.api_auth.HashedTokenAuthentication",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }

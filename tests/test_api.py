@@ -312,3 +312,12 @@ def test_schemathesis_finds_no_server_errors(live_server, world, make_model, dja
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "Server error" not in done.stdout
+
+
+def test_api_tokens_are_stored_hashed_and_shown_once(staff):
+    from fleet.models import ApiToken
+
+    token = APIClient().post("/api/auth/token/", {"username": "ops", "password": "pw"}, format="json").json()["token"]
+    row = ApiToken.objects.get()
+    assert token not in (row.prefix, row.sha256) and token.startswith(row.prefix)
+    assert APIClient().post("/api/auth/token/", {"username": "ops", "password": "wrong"}, format="json").status_code == 400
