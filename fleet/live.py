@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -68,6 +68,8 @@ class View:
     cold_start_timeout_s: float = 300.0
     started_at: float = 0.0
     version: int = 0
+    #: What :attr:`Watcher.extra_loaders` returned (merged), loaded in the same refresh.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Pushable(Protocol):
@@ -174,6 +176,10 @@ class Watcher:
         self._database_away_since: float | None = None
         self._generations: dict[int, tuple[int, int]] = {}
         self._generations_key: tuple | None = None
+        #: Blocking callables run in each refresh (same worker thread, after the routing
+        #: queries); their dicts are merged into ``View.extra``. Other apps (the gateway's
+        #: key and catalog cache) register here, so ``fleet`` imports nothing of theirs.
+        self.extra_loaders: list[Callable[[], dict[str, Any]]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def ensure_started(self) -> None:
@@ -252,7 +258,8 @@ class Watcher:
 
     async def _refresh(self) -> None:
         started = time.monotonic()
-        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents), self._generations_key)
+        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents), self._generations_key,
+                                                                       tuple(self.extra_loaders))
         view.started_at = started
         view.version = self.view.version + 1
         key = view.__dict__.pop("_generations_key", None)
@@ -328,7 +335,8 @@ def register_web_process() -> None:
     ControlPlane.heartbeat(ControlPlane.Role.WEB)
 
 
-def _load_view(agent_ids: list[int], previous_key: tuple | None = None) -> View:
+def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
+               loaders: tuple[Callable[[], dict[str, Any]], ...] = ()) -> View:
     from django.db import close_old_connections
     from django.db.models import Sum
 
@@ -381,6 +389,8 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None) -> View:
                 for agent_id, generation, restart in Agent.objects.filter(id__in=agent_ids).values_list(
                     "id", "generation", "restart_generation")
             }
+    for loader in loaders:
+        view.extra.update(loader())
     return view
 
 

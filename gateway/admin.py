@@ -35,7 +35,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Revoke (applies to the next request)")
+    @admin.action(description="Revoke (applies within a fraction of a second)")
     def revoke(self, request, queryset):
         for key in queryset:
             key.revoke()

@@ -29,7 +29,7 @@ class ApiKeyViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.R
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
-        """Revoke the key; the next request with it is refused."""
+        """Revoke the key; requests with it are refused within a fraction of a second."""
         key = self.get_object()
         key.revoke()
         return Response(ApiKeySerializer(key).data)

@@ -1,6 +1,9 @@
-"""API keys on /v1/: ``Authorization: Bearer KEY``, checked against the database on every
-request so a revocation or expiry applies to the very next one (one indexed query by the
-key's visible prefix; SHA-256 compared in constant time)."""
+"""API keys on /v1/: ``Authorization: Bearer KEY``, found by the key's visible prefix and
+compared by SHA-256 in constant time. Keys are read from memory (``gateway.cache``, refreshed
+with the routing table every ``LLMGW_WATCH_INTERVAL``), so a revocation or expiry applies
+within a fraction of a second (one refresh, ≤ 0.2 s by default); expiry is checked against
+the clock on every request. A key the cache does not know yet (created a moment ago) is
+looked up in the database (one indexed query), so it works at once."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from fleet import tokens
+from gateway import cache
 from gateway.errors import openai_error
 from gateway.models import ApiKey
 
@@ -43,7 +47,23 @@ async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
     if not header[:7].lower() == "bearer " or not header[7:].strip():
         return _unauthorized("Missing API key: send 'Authorization: Bearer YOUR_KEY' (create one with `llmgw keys create`).")
     token = header[7:].strip()
-    async for key in ApiKey.objects.filter(prefix=tokens.token_prefix(token)).only(
+    prefix = tokens.token_prefix(token)
+    cached = cache.keys_with_prefix(prefix)
+    if cached:
+        for entry in cached:
+            if not tokens.token_matches(token, entry.sha256):
+                continue
+            if entry.revoked:
+                return _unauthorized(f"The API key {entry.prefix}… was revoked.")
+            if cache.expired(entry):
+                return _unauthorized(
+                    f"The API key {entry.prefix}… expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC.")
+            return Caller(entry.id, entry.name, entry.allowed_model_ids)
+    return await _authenticate_from_database(token, prefix)
+
+
+async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpResponse:
+    async for key in ApiKey.objects.filter(prefix=prefix).only(
         "id", "name", "prefix", "sha256", "expires_at", "revoked_at"
     ):
         if not tokens.token_matches(token, key.sha256):

@@ -14,7 +14,7 @@ from fleet import tokens
 class ApiKey(models.Model):
     """A client's key: stored as SHA-256 with a visible prefix (the clear key is shown once,
     at creation), optionally limited to some models, with expiry and revocation that apply
-    to the next request."""
+    within a fraction of a second (the gateway caches keys for one watcher refresh)."""
 
     name = models.CharField(max_length=128)
     prefix = models.CharField(max_length=64, db_index=True, editable=False)

@@ -9,6 +9,12 @@ reached, 503 for a model with no replica (with the planner's reason) or still lo
 Streaming answers are relayed event by event without re-encoding (``gateway.sse``); a
 client that disconnects cancels the upstream request, so the engine frees its slot. A
 connection refused before any byte was sent is retried once on another ready replica.
+
+No database on the hot path: keys and model names come from ``gateway.cache`` (loaded with
+the routing table). Anything the cache cannot answer for sure — an unknown key or name, a
+model with no ready replica, a key not allowed the model, an external model (its URL and
+key apply at once) — is looked up in the database before answering. Upstream requests go
+through one aiohttp session per event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import logging
 import time
 import weakref
 
-import httpx
+import aiohttp
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -29,7 +35,7 @@ from django.utils import timezone
 from catalog.models import Model
 from fleet.demand import want
 from fleet.live import Endpoint, ModelStatus, usage, watcher
-from gateway import metrics, sse
+from gateway import cache, metrics, sse
 from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
 from gateway.routing import choose
@@ -37,20 +43,22 @@ from gateway.usage import usage_records
 
 log = logging.getLogger(__name__)
 
-_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = weakref.WeakKeyDictionary()
 _FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "openai-organization", "openai-project")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
 _STREAMABLE = ("chat/completions", "completions")
 
 
-def upstream_client() -> httpx.AsyncClient:
-    """One shared client per running event loop (clients are bound to their loop)."""
+def upstream_client() -> aiohttp.ClientSession:
+    """One shared session per running event loop (sessions are bound to their loop)."""
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
-    if client is None or client.is_closed:
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.LLMGW_UPSTREAM_READ_TIMEOUT_S, connect=settings.LLMGW_UPSTREAM_CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+    if client is None or client.closed:
+        client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=30.0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=settings.LLMGW_UPSTREAM_CONNECT_TIMEOUT_S,
+                                          sock_read=settings.LLMGW_UPSTREAM_READ_TIMEOUT_S),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         _clients[loop] = client
     return client
@@ -141,6 +149,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     too_big = _body_limit_error(request)
     if too_big is not None:
         return ex.answer(too_big)
+    watcher.ensure_started()
     caller = await authenticate(request)
     if isinstance(caller, HttpResponse):
         return ex.answer(caller)
@@ -152,12 +161,13 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     if not isinstance(name, str) or not name:
         return ex.answer(openai_error(400, "You must provide a model parameter.", code="missing_model", param="model"))
     ex.model_name = name
-    watcher.ensure_started()
     view = watcher.view if watcher.view.version else await watcher.refresh_now()
     if view.stopped:
         return ex.answer(openai_error(503, "The cluster is stopped by its operators; no model is being served.",
                                       code="system_stopped"))
-    model = await Model.aresolve(name)
+    model: Model | cache.CachedModel | None = cache.model(name)
+    if model is None or model.is_external or not caller.may_use(model.id) or not view.routes.get(model.id):
+        model = await Model.aresolve(name)  # not sure from memory: ask the database
     if model is None:
         return ex.answer(openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model"))
     ex.model_label = model.name
@@ -173,7 +183,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         ex.overhead_s = time.monotonic() - ex.started
         try:
             upstream = await _open(url, content, headers)
-        except (_Refused, httpx.HTTPError) as exc:
+        except (_Refused, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}",
                                           code="upstream_unreachable"))
         return await _relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
@@ -196,7 +206,7 @@ def _with_usage_requested(body: dict, stream: bool, raw: bytes) -> tuple[bytes, 
     return json.dumps(patched).encode(), True
 
 
-async def _find_replica(model: Model) -> Endpoint | HttpResponse:
+async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:
     """A ready replica of ``model``, waiting for one while it is loading (cold start)."""
     view = watcher.view
     endpoints = view.routes.get(model.id)
@@ -243,7 +253,7 @@ async def _find_replica(model: Model) -> Endpoint | HttpResponse:
     )
 
 
-def _unavailable(model: Model, status: ModelStatus) -> HttpResponse:
+def _unavailable(model: Model | cache.CachedModel, status: ModelStatus) -> HttpResponse:
     reason = status.reason or "no replica is placed yet"
     return openai_error(503, f"No ready replica for '{model.name}': {reason}", code="model_unavailable",
                         headers={"Retry-After": "10"})
@@ -259,16 +269,15 @@ def _upstream_headers(request: HttpRequest) -> dict[str, str]:
     return headers
 
 
-async def _open(url: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
-    client = upstream_client()
-    req = client.build_request("POST", url, content=content, headers=headers)
+async def _open(url: str, content: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    """The upstream's response, headers read, body not yet (the caller releases it)."""
     try:
-        return await client.send(req, stream=True)
-    except httpx.ConnectError as exc:
+        return await upstream_client().post(url, data=content, headers=headers, allow_redirects=False)
+    except aiohttp.ClientConnectorError as exc:
         raise _Refused(str(exc)) from exc
 
 
-async def _forward(model: Model, path: str, endpoint: Endpoint, content: bytes, headers: dict[str, str],
+async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoint, content: bytes, headers: dict[str, str],
                    ex: Exchange, strip_usage: bool) -> HttpResponse:
     tried: set[int] = set()
     ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
@@ -286,11 +295,11 @@ async def _forward(model: Model, path: str, endpoint: Endpoint, content: bytes, 
                 return ex.answer(openai_error(502, f"The replica serving '{model.name}' is not reachable.",
                                               code="upstream_unreachable"))
             endpoint = other
-        except httpx.TimeoutException:
+        except asyncio.TimeoutError:
             usage.end(endpoint.replica_id)
             return ex.answer(openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
                                           code="upstream_timeout"))
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             usage.end(endpoint.replica_id)
             return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed: {exc}",
                                           code="upstream_error"))
@@ -301,7 +310,7 @@ async def _forward(model: Model, path: str, endpoint: Endpoint, content: bytes, 
     })
 
 
-def _copy_headers(upstream: httpx.Response, response: HttpResponse, extra: dict[str, str]) -> None:
+def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extra: dict[str, str]) -> None:
     for name, value in upstream.headers.items():
         if name.lower() not in _HOP_BY_HOP and name.lower() != "content-type":
             response[name] = value
@@ -309,19 +318,24 @@ def _copy_headers(upstream: httpx.Response, response: HttpResponse, extra: dict[
         response[name] = value
 
 
-async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None, strip_usage: bool,
+async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
                  extra: dict[str, str]) -> HttpResponse:
     content_type = upstream.headers.get("content-type", "application/json")
     if "text/event-stream" not in content_type:
+        read = False
         try:
-            body = await upstream.aread()
-        except httpx.HTTPError as exc:
+            body = await upstream.read()
+            read = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return ex.answer(openai_error(502, f"The upstream answer broke off: {exc}", code="upstream_error"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away; closing the upstream tells the engine
             raise
         finally:
-            await upstream.aclose()
+            if read:
+                upstream.release()  # back to the pool
+            else:
+                upstream.close()  # drop the connection: the engine sees the request end
             if replica_id is not None:
                 usage.end(replica_id)
         ex.ttft_s = time.monotonic() - ex.started
@@ -330,7 +344,7 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
                 ex.note_usage(json.loads(body))
             except ValueError:
                 pass
-        response = HttpResponse(body, status=upstream.status_code, content_type=content_type)
+        response = HttpResponse(body, status=upstream.status, content_type=content_type)
         _copy_headers(upstream, response, extra)
         return ex.answer(response)
 
@@ -339,28 +353,33 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
 
     async def events():
         buffer = b""
-        status = upstream.status_code
+        status = upstream.status
+        complete_stream = False
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.content.iter_any():
                 if ex.ttft_s is None:
                     ex.ttft_s = time.monotonic() - ex.started
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
                 out = []
                 for event in complete:
-                    data = sse.event_json(event)
-                    if data is not None and sse.is_usage_only(data):
-                        ex.note_usage(data)
-                        if strip_usage:
-                            continue
-                    elif data is not None and sse.has_content(data):
+                    if b'"usage"' in event:  # only these are parsed (usage, and the chunk to strip)
+                        data = sse.event_json(event)
+                        if data is not None and sse.is_usage_only(data):
+                            ex.note_usage(data)
+                            if strip_usage:
+                                continue
+                        elif data is not None and sse.has_content(data):
+                            ex.content_chunks += 1
+                    elif sse.may_have_content(event):
                         ex.content_chunks += 1
                     out.append(event)
                 if out:
                     yield b"".join(out)
             if buffer:
                 yield buffer
-        except httpx.HTTPError as exc:
+            complete_stream = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Nothing can be retried after the first byte: say so in the stream itself
             # (an OpenAI-shaped error event) rather than end it as if it were complete.
             log.warning("upstream stream broke: %s", exc)
@@ -372,7 +391,10 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
             status = 499  # the client went away; closing the upstream tells the engine
             raise
         finally:
-            await upstream.aclose()
+            if complete_stream:
+                upstream.release()
+            else:
+                upstream.close()  # drop the connection: the engine sees the request cancelled
             if replica_id is not None:
                 usage.end(replica_id)
             if ex.model_label != "unknown":
@@ -382,7 +404,7 @@ async def _relay(upstream: httpx.Response, ex: Exchange, replica_id: int | None,
                 ex.completion_tokens = ex.content_chunks
             ex.finish(status)
 
-    response = StreamingHttpResponse(events(), status=upstream.status_code, content_type=content_type)
+    response = StreamingHttpResponse(events(), status=upstream.status, content_type=content_type)
     _copy_headers(upstream, response, extra)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

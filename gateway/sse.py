@@ -2,8 +2,9 @@
 
 The upstream's bytes are cut only at event boundaries (a blank line), never decoded and
 re-encoded, so a multi-byte character split across network chunks reaches the client
-intact. The relay can read each event's JSON for usage and drop the usage-only chunk that
-the gateway asked for on the client's behalf.
+intact. The relay reads the JSON only of events that mention ``"usage"`` (to record it
+and drop the usage-only chunk that the gateway asked for on the client's behalf); other
+events are counted as content chunks by a byte check (:func:`may_have_content`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import re
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# A "content" or "text" key whose value is a non-empty string (not null, "" or a list).
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 
 
 def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
@@ -53,3 +56,9 @@ def has_content(data: dict) -> bool:
         if (isinstance(delta, dict) and delta.get("content")) or choice.get("text"):
             return True
     return False
+
+
+def may_have_content(event: bytes) -> bool:
+    """:func:`has_content` without parsing: a ``"content"``/``"text"`` key with a non-empty
+    string value somewhere in the event (used to count chunks when there is no usage)."""
+    return _CONTENT.search(event) is not None

@@ -1,5 +1,14 @@
 """ASGI entry point: HTTP to Django (static files served for the admin), websockets at
-``/ws/agent/`` to the agents' consumer."""
+``/ws/agent/`` to the agents' consumer.
+
+``/v1/`` and ``/metrics`` go to a lean Django handler: the same URL resolver and views, but
+no middleware chain (sessions, CSRF, auth, messages… are of no use to the gateway's
+csrf-exempt, session-less views and cost a thread hop each) and no new worker thread per
+request (``ThreadSensitiveContext``): the few sync calls left (Django's request signals,
+the database fallback of ``gateway.cache``) share one thread. Only the database-unavailable
+answer (503 + Retry-After instead of 500) is kept. Everything else (admin, API, dashboard)
+keeps the full handler.
+"""
 
 import os
 
@@ -11,13 +20,49 @@ django_asgi = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
+from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
+
+LEAN_PREFIXES = ("/v1/", "/metrics")
+
+
+class LeanASGIHandler(ASGIHandler):
+    """Django's ASGI handler without the middleware chain (see the module docstring)."""
+
+    def load_middleware(self, is_async: bool = True) -> None:
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = [DatabaseUnavailableMiddleware(None).process_exception]
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)
+
+
+class _Split:
+    """HTTP under :data:`LEAN_PREFIXES` to the lean handler, the rest to ``full``."""
+
+    def __init__(self, lean, full) -> None:
+        self.lean = lean
+        self.full = full
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("path", "").startswith(LEAN_PREFIXES):
+            return await self.lean(scope, receive, send)
+        return await self.full(scope, receive, send)
+
+
+lean_asgi = LeanASGIHandler()
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi),
+        "http": _Split(lean_asgi, ASGIStaticFilesHandler(django_asgi)),
         "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
     }
 )
