@@ -38,15 +38,21 @@ class ApiKey(models.Model):
                    expires_at: datetime | None = None) -> tuple["ApiKey", str]:
         """Create a key; returns it and the clear key (shown once, never stored).
         Raises Model.DoesNotExist naming a model that is not in the catalog."""
+        from django.db import transaction
+
         clear = tokens.new_token("key")
-        key = cls(name=name, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear), expires_at=expires_at)
-        key.save()
+        models_ = []
         for model_name in model_names or []:
             model = Model.resolve(model_name)
             if model is None:
-                key.delete()
                 raise Model.DoesNotExist(f"no model called {model_name!r}")
-            key.allowed_models.add(model)
+            models_.append(model)
+        # One transaction: a gateway must never see the key without its model limits.
+        with transaction.atomic():
+            key = cls(name=name, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear),
+                      expires_at=expires_at)
+            key.save()
+            key.allowed_models.add(*models_)
         return key, clear
 
     def revoke(self) -> None:

@@ -60,9 +60,37 @@ class _Split:
 
 lean_asgi = LeanASGIHandler()
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": _Split(lean_asgi, ASGIStaticFilesHandler(django_asgi)),
         "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
     }
 )
+
+
+async def _shutdown() -> None:
+    """Write what this process holds in memory: usage records and the last usage report."""
+    from asgiref.sync import sync_to_async
+
+    from fleet.live import watcher
+    from gateway.usage import usage_records
+
+    await watcher.stop()
+    await sync_to_async(usage_records.flush, thread_sensitive=False)()
+
+
+async def application(scope, receive, send):
+    """The ASGI app. Servers with the lifespan protocol (uvicorn) get a clean shutdown that
+    flushes usage; for those without (daphne) an ``atexit`` hook does the same."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await _shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+    return await router(scope, receive, send)

@@ -88,8 +88,14 @@ def fake_engine(port: int, log_dir: Path, *args: str, name: str = "fake-model") 
                 log_dir / f"fake-engine-{port}.log")
 
 
-def daphne(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
-    proc = Proc([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw.asgi:application"],
-                log_dir / f"daphne-{port}.log", env={"DJANGO_SETTINGS_MODULE": "llmgw.settings", **(env or {})})
+def web_server(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
+    """The control plane's web process, started as ``llmgw up`` starts it (uvicorn)."""
+    from llmgw.cli.up import web_argv
+
+    proc = Proc(web_argv("127.0.0.1", port, access_log=False),
+                log_dir / f"web-{port}.log", env={"DJANGO_SETTINGS_MODULE": "llmgw.settings", **(env or {})})
     wait_for_port(port, proc=proc.proc)
     return proc
+
+
+daphne = web_server  # the name older tests use

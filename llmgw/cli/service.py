@@ -39,7 +39,8 @@ def unit_files() -> dict[str, str]:
     manage = base / "manage.py"
     return {
         UNITS["web"]: UNIT_TEMPLATE.format(what="control plane (web: admin, API, gateway, agent websocket)", base=base,
-                                           command=f"{python} -m daphne -b ${{LLMGW_HOST}} -p ${{LLMGW_PORT}} llmgw.asgi:application",
+                                           command=f"{python} -m uvicorn llmgw.asgi:application --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}} "
+                                                   "--loop uvloop --http httptools --ws websockets-sansio --lifespan on",
                                            extra="Environment=LLMGW_HOST=0.0.0.0\nEnvironment=LLMGW_PORT=8000\n"),
         UNITS["worker"]: UNIT_TEMPLATE.format(what="reconciler worker (django-q2)", base=base,
                                               command=f"{python} {manage} qcluster", extra=""),
