@@ -1,4 +1,4 @@
-"""End to end with every part real: ``llmgw up`` starts daphne, qcluster and the agent as
+"""End to end with every part real: ``llmgw up`` starts the web server (uvicorn), qcluster and the agent as
 separate processes; the agent runs llama.cpp's server with the Gemma 3 270M GGUF; the
 official ``openai`` client talks to the gateway. One cluster for the whole module."""
 
