@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
@@ -131,14 +131,12 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
     live_states = [s.value for s in HOLDS_RESOURCES] + [ReplicaState.LOST.value]
     replica_rows = list(Replica.objects.filter(state__in=live_states))
     states = {s.model_id: s for s in ModelState.objects.all()}
-    last_ready = dict(
-        Replica.objects.values("model_id").annotate(t=Max("ready_at")).values_list("model_id", "t")
-    )
-    failures: dict[int, list[Replica]] = defaultdict(list)
     horizon = now - timedelta(hours=1)
+    proved = proved_stable(now, horizon)
+    failures: dict[int, list[Replica]] = defaultdict(list)
     for r in Replica.objects.filter(state=ReplicaState.FAILED.value, state_changed_at__gte=horizon).order_by("state_changed_at"):
-        ready = last_ready.get(r.model_id)
-        if ready is None or r.state_changed_at > ready:
+        stable_at = proved.get(r.model_id)
+        if stable_at is None or r.state_changed_at > stable_at:
             failures[r.model_id].append(r)
     in_flight = fresh_in_flight(now)
     windows = defaultdict(list)
@@ -184,6 +182,23 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         for r in replica_rows
     )
     return planner.Snapshot(_policy(cluster, now), agents, tuple(models), replicas)
+
+
+def proved_stable(now: datetime, horizon: datetime) -> dict[int, datetime]:
+    """Model id → when one of its replicas last proved it runs: ready for
+    ``LLMGW_BACKOFF_RESET_AFTER`` without leaving ready. Failures since then are the crash
+    loop whose backoff grows; earlier ones are forgiven. So an engine that dies soon after
+    every start backs off like one that never starts (not merely the base each time)."""
+    stable = timedelta(seconds=settings.LLMGW_BACKOFF_RESET_AFTER_S)
+    out: dict[int, datetime] = {}
+    rows = Replica.objects.filter(ready_at__isnull=False).filter(
+        Q(state=ReplicaState.READY.value) | Q(state_changed_at__gte=horizon)
+    ).values_list("model_id", "state", "ready_at", "state_changed_at")
+    for model_id, state, ready_at, changed_at in rows:
+        until = now if state == ReplicaState.READY.value else changed_at  # when it stopped serving
+        if until - ready_at >= stable:
+            out[model_id] = max(out.get(model_id, ready_at + stable), ready_at + stable)
+    return out
 
 
 def is_back(replica: Replica) -> bool:

@@ -116,14 +116,10 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                # redis-py 8 reads with a 5 s socket timeout by default, the same as the
-                # layer's 5 s BZPOPMIN: the read could time out first and close a websocket.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
-                # The prefix keeps clusters (or test runs) sharing one Redis apart.
-                "prefix": env_str("REDIS_PREFIX", "llmgw"),
-            },
+            # channels_redis's layer with a poll shorter than redis-py's read timeout.
+            "BACKEND": "llmgw.channel_layer.RedisChannelLayer",
+            # The prefix keeps clusters (or test runs) sharing one Redis apart.
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("REDIS_PREFIX", "llmgw")},
         }
     }
 else:
@@ -207,6 +203,8 @@ LLMGW_MAX_BODY_BYTES = env_int("MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_BODY_BYTES
 LLMGW_BACKOFF_BASE_S = env_duration_s("BACKOFF_BASE", 5.0)
 LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)
+#: A replica ready this long ends its model's crash loop (the backoff starts over).
+LLMGW_BACKOFF_RESET_AFTER_S = env_duration_s("BACKOFF_RESET_AFTER", 60.0)
 LLMGW_AGENT_ROUTE_GRACE_S = env_duration_s("AGENT_ROUTE_GRACE", 12.0)
 LLMGW_CONTROL_PLANE_HEARTBEAT_S = env_duration_s("CONTROL_PLANE_HEARTBEAT", 5.0)
 LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
