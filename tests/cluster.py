@@ -72,3 +72,27 @@ def fake_profile(name: str = "fake-cpu", *args: str, gpus: int = 0, startup_time
     profile.full_clean()
     profile.save()
     return profile
+
+
+def live_cluster_fixture(name: str):
+    """A module-scoped pytest fixture yielding a LiveCluster on the test database. The
+    module's tests use the database from it (no django_db mark: per-test flushes would pull
+    rows from under running processes); it is flushed once the cluster has stopped."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def live(django_db_setup, django_db_blocker, tmp_path_factory):
+        from django.core.management import call_command
+
+        from catalog.models import ClusterSettings
+
+        with django_db_blocker.unblock():
+            ClusterSettings.get_solo()
+            cluster = LiveCluster(tmp_path_factory.mktemp(name))
+            try:
+                yield cluster
+            finally:
+                cluster.stop()
+                call_command("flush", interactive=False, verbosity=0)
+
+    return live

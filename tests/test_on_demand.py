@@ -9,26 +9,16 @@ import time
 
 import httpx
 import pytest
-from django.core.management import call_command
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import ModelState, Replica
-from tests.cluster import LiveCluster, fake_profile
+from tests.cluster import fake_profile, live_cluster_fixture
 from tests.processes import wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def live(django_db_setup, django_db_blocker, tmp_path_factory):
-    with django_db_blocker.unblock():
-        ClusterSettings.get_solo()
-        cluster = LiveCluster(tmp_path_factory.mktemp("on-demand"))
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-            call_command("flush", interactive=False, verbosity=0)
+live = live_cluster_fixture("on-demand")
 
 
 @pytest.fixture
