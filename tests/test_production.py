@@ -66,10 +66,9 @@ def test_a_request_that_cannot_reach_the_database_is_a_503_to_retry(client, monk
     assert r.json()["error"]["code"] == "database_unavailable"
 
 
+@pytest.mark.skipif(not settings.REDIS_URL, reason="runs in production mode (LLMGW_REDIS_URL; the second pass of .ci/run)")
 @pytest.mark.django_db(transaction=True)
 async def test_with_redis_the_reconciler_nudges_the_agent_at_once(make_model, watcher_cleanup, monkeypatch):
-    if not settings.REDIS_URL:
-        pytest.skip("runs in production mode (LLMGW_REDIS_URL; the second pass of .ci/run)")
     from channels.testing import WebsocketCommunicator
 
     from fleet import protocol
