@@ -18,9 +18,15 @@ def new_token(kind: str) -> str:
 
 
 def token_prefix(token: str) -> str:
-    """The part stored in clear to find the row: the kind and a few random characters."""
-    head, _, tail = token.rpartition("-")
-    return f"{head}-{tail[:PREFIX_LEN]}" if head else token[:PREFIX_LEN]
+    """The part stored in clear to find the row: ``llmgw-<kind>-`` and the first
+    ``PREFIX_LEN`` characters of the secret. The secret itself may contain ``-``
+    (``token_urlsafe``), so the split is on the first two dashes, never the last one —
+    otherwise most of the secret would be stored in clear. Anything else: its first
+    ``PREFIX_LEN`` characters."""
+    brand, kind, secret = (token.split("-", 2) + ["", ""])[:3]
+    if brand == "llmgw" and kind and secret:
+        return f"llmgw-{kind}-{secret[:PREFIX_LEN]}"
+    return token[:PREFIX_LEN]
 
 
 def token_hash(token: str) -> str:

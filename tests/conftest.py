@@ -84,6 +84,19 @@ async def watcher_cleanup():
     watcher.agents.clear()
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """A new channel layer object for each test. channels keeps one per process, but each
+    async test runs in an event loop of its own, and channels_redis's layer holds loop-bound
+    state (its receive lock and buffers): a consumer cancelled with one test's loop could
+    leave the next test's loop waiting forever when it closes."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 def _flush_with_retries(original):
     """On PostgreSQL, the TRUNCATE that ends a transactional test can deadlock with a live
     server process writing at that moment (usage records, heartbeats); PostgreSQL then

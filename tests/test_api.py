@@ -321,3 +321,15 @@ def test_api_tokens_are_stored_hashed_and_shown_once(staff):
     row = ApiToken.objects.get()
     assert token not in (row.prefix, row.sha256) and token.startswith(row.prefix)
     assert APIClient().post("/api/auth/token/", {"username": "ops", "password": "wrong"}, format="json").status_code == 400
+
+
+@pytest.mark.parametrize("secret", ["a-b-c-d-e-f-g-h-i-j-k-l-m-n-o-p-q", "-" * 43, "AbCdEfGhIjKlMnOp-rest"])
+def test_a_token_prefix_never_holds_more_than_its_first_characters_of_secret(secret):
+    """token_urlsafe can put "-" anywhere in the secret; the prefix is cut at the kind,
+    not at the secret's last dash (which once stored nearly the whole token in clear)."""
+    from fleet import tokens
+
+    for kind in ("api", "agent", "key"):
+        token = f"llmgw-{kind}-{secret}"
+        assert tokens.token_prefix(token) == f"llmgw-{kind}-{secret[:tokens.PREFIX_LEN]}"
+    assert tokens.token_prefix("plain-old-secret-value") == "plain-old-se"

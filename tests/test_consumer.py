@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from fleet import protocol
+from fleet.consumers import REFUSED_CLOSE_CODE
 from fleet.models import Agent, Gpu, Replica
 from fleet.reconciler import reconcile
 from llmgw.asgi import application
@@ -46,7 +47,8 @@ async def test_a_bad_token_is_refused_logged_and_changes_nothing(caplog, watcher
     ws = communicator("llmgw-agent-not-a-real-token")
     with caplog.at_level(logging.WARNING, logger="fleet.consumers"):
         connected, code = await ws.connect()
-    assert not connected
+    assert not connected and code == REFUSED_CLOSE_CODE
+    await ws.disconnect()  # what the server does after the close; ends the consumer
     assert "refused agent connection" in caplog.text
     agent = await Agent.objects.aget(pk=agent.pk)
     assert not agent.connected and agent.last_seen_at is None
@@ -54,8 +56,9 @@ async def test_a_bad_token_is_refused_logged_and_changes_nothing(caplog, watcher
 
 async def test_no_token_is_refused(watcher_cleanup):
     ws = WebsocketCommunicator(application, "/ws/agent/")
-    connected, _ = await ws.connect()
-    assert not connected
+    connected, code = await ws.connect()
+    assert not connected and code == REFUSED_CLOSE_CODE
+    await ws.disconnect()
 
 
 async def test_hello_registers_the_inventory(watcher_cleanup):
