@@ -333,3 +333,19 @@ def test_a_token_prefix_never_holds_more_than_its_first_characters_of_secret(sec
         token = f"llmgw-{kind}-{secret}"
         assert tokens.token_prefix(token) == f"llmgw-{kind}-{secret[:tokens.PREFIX_LEN]}"
     assert tokens.token_prefix("plain-old-secret-value") == "plain-old-se"
+
+
+def test_the_swagger_page_loads_its_assets_from_here_not_a_cdn(staff):
+    """Clusters are often offline: the UI's scripts and styles come from our static files."""
+    import re
+
+    from django.conf import settings
+    from django.contrib.staticfiles import finders
+
+    page = staff.get("/api/schema/ui/").content.decode()
+    assert "cdn.jsdelivr.net" not in page and "unpkg.com" not in page
+    assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', page)
+    assert any("swagger-ui-bundle" in a for a in assets), assets
+    for asset in assets:
+        assert asset.startswith("/" + settings.STATIC_URL.lstrip("/")), asset
+        assert finders.find(asset.split(settings.STATIC_URL, 1)[1]), asset
