@@ -63,6 +63,7 @@ class ModelAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "aliases")}),
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
+        ("Requests", {"fields": ("default_max_tokens",)}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key"), "classes": ("collapse",)}),
     )
 

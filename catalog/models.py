@@ -151,6 +151,11 @@ class Model(models.Model):
         null=True, blank=True, help_text="Seconds without requests before an on-demand model "
         "is evicted. Empty: the cluster default."
     )
+    default_max_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Tokens to generate when a request sets neither max_tokens nor "
+        "max_completion_tokens. Empty: the engine decides (often until its context is full).",
+    )
     external_base_url = models.URLField(
         blank=True, default="", help_text="Served elsewhere: requests are forwarded here."
     )

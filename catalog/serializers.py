@@ -64,7 +64,7 @@ class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
     class Meta:
         model = Model
         fields = ["id", "name", "aliases", "weights", "profile", "min_replicas", "max_replicas", "on_demand",
-                  "idle_timeout_s", "external_base_url", "external_api_key", "external_api_key_set",
+                  "idle_timeout_s", "default_max_tokens", "external_base_url", "external_api_key", "external_api_key_set",
                   "desired", "reason", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 

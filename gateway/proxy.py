@@ -173,8 +173,10 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     ex.model_label = model.name
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
-    ex.stream = bool(body.get("stream")) and any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
-    content, strip_usage = _with_usage_requested(body, ex.stream, request.body)
+    generates = any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
+    ex.stream = bool(body.get("stream")) and generates
+    content, strip_usage = _upstream_body(body, request.body, ex.stream,
+                                          model.default_max_tokens if generates else None)
     headers = _upstream_headers(request)
     if model.is_external:
         if model.external_api_key:
@@ -193,17 +195,25 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     return await _forward(model, path, found, content, headers, ex, strip_usage)
 
 
-def _with_usage_requested(body: dict, stream: bool, raw: bytes) -> tuple[bytes, bool]:
-    """Ask the engine for usage in the final stream chunk when the client did not, so usage
-    is recorded; returns the body to send and whether to strip that chunk again."""
-    if not stream:
-        return raw, False
-    options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage"):
-        return raw, False
-    patched = dict(body)
-    patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return json.dumps(patched).encode(), True
+def _upstream_body(body: dict, raw: bytes, stream: bool, default_max_tokens: int | None) -> tuple[bytes, bool]:
+    """The request body to send upstream, and whether to strip the usage chunk again.
+
+    Two additions, each only when the client left it out: ``stream_options.include_usage``
+    on a stream (so usage is recorded), and the model's ``default_max_tokens`` when neither
+    ``max_tokens`` nor ``max_completion_tokens`` is given (an unbounded request can hold a
+    replica for minutes). Otherwise the client's bytes go through untouched."""
+    patched: dict | None = None
+    strip_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage")):
+            patched = dict(body)
+            patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            strip_usage = True
+    if default_max_tokens and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        patched = dict(body) if patched is None else patched
+        patched["max_tokens"] = default_max_tokens
+    return (raw if patched is None else json.dumps(patched).encode()), strip_usage
 
 
 async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:

@@ -113,7 +113,8 @@ class Engine:
         stream = bool(req.get("stream"))
         self.record("request", path=path, model=req.get("model"), stream=stream,
                     authorization=getattr(self, "authorization", ""),
-                    stream_options=req.get("stream_options"))
+                    stream_options=req.get("stream_options"), max_tokens=req.get("max_tokens"),
+                    max_completion_tokens=req.get("max_completion_tokens"))
         if self.args.fail_status:
             code = self.args.fail_status
             return await send_json(writer, code, error_body("fake failure", "fake", code), keep)

@@ -109,3 +109,12 @@ def test_a_second_request_does_not_cut_off_a_stream_in_progress(cluster):
     client.chat.completions.create(model="gemma-3-270m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
     reader.join(120)
     assert finish["reason"] == "length" and finish["n"] >= 8
+
+
+def test_a_request_without_max_tokens_is_bounded_by_the_demo_models_default(cluster):
+    """Without a bound the base model writes until its context is full: minutes on a CPU."""
+    from llmgw.cli.up import DEMO_MAX_TOKENS
+
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"], timeout=90, max_retries=0)
+    reply = client.completions.create(model="gemma-3-270m", prompt="Once upon a time")
+    assert 0 < reply.usage.completion_tokens <= DEMO_MAX_TOKENS

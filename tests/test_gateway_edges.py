@@ -168,6 +168,33 @@ def test_usage_chunk_only_when_the_client_asked_but_always_recorded(oai, servers
                timeout_s=5, what="usage rows for both streams")
 
 
+def test_a_models_default_max_tokens_bounds_requests_that_set_none(oai, servers):
+    """An unbounded request can hold a replica for minutes; the model's default applies only
+    when the client gave neither max_tokens nor max_completion_tokens, and never to embeddings."""
+    Model.objects.filter(name="plain").update(default_max_tokens=3)
+    messages = [{"role": "user", "content": "x"}]
+
+    def last_request():
+        return [r for r in records(servers, "plain") if r["event"] == "request"][-1]
+
+    def bounded():
+        reply = oai.chat.completions.create(model="plain", messages=messages)
+        return reply.choices[0].finish_reason == "length"
+    wait_until(bounded, timeout_s=5, what="the gateway to see the new default")  # the cache refreshes
+    reply = oai.chat.completions.create(model="plain", messages=messages)
+    assert reply.usage.completion_tokens == 3 and last_request()["max_tokens"] == 3
+    chunks = list(oai.chat.completions.create(model="plain", stream=True, messages=messages))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "tok0 tok1 tok2 "
+    assert last_request()["max_tokens"] == 3 and last_request()["stream_options"] == {"include_usage": True}
+    assert oai.completions.create(model="plain", prompt="x").choices[0].text == "tok0 tok1 tok2 "
+    oai.chat.completions.create(model="plain", messages=messages, max_tokens=5)
+    assert last_request()["max_tokens"] == 5
+    oai.chat.completions.create(model="plain", messages=messages, max_completion_tokens=4)
+    assert last_request()["max_tokens"] is None and last_request()["max_completion_tokens"] == 4
+    oai.embeddings.create(model="plain", input="x")
+    assert last_request()["path"].endswith("embeddings") and last_request()["max_tokens"] is None
+
+
 def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, models):
     with socket.create_connection(("127.0.0.1", servers["ports"]["web"])) as sock:
         body = json.dumps({"model": "slow", "stream": True, "messages": []}).encode()

