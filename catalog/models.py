@@ -287,6 +287,11 @@ class ClusterSettings(models.Model):
         default=300, validators=[MinValueValidator(1)],
         help_text="How long a request waits for a replica to become ready.",
     )
+    history_retention_days = models.PositiveIntegerField(
+        default=30,
+        help_text="Usage records, scaling events and stopped or failed replicas older than "
+        "this many days are deleted (checked hourly). 0: keep them forever.",
+    )
 
     class Meta:
         verbose_name = "cluster settings"

@@ -6,4 +6,11 @@ class LlmgwConfig(AppConfig):
     verbose_name = "llmgw"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from llmgw import checks  # noqa: F401  (registers the system checks)
+        from llmgw.retention import register_schedule
+
+        # Idempotent (update_or_create) and after migrations, never at import time. This
+        # app has no models, so Django sends it no post_migrate: hang on fleet's.
+        post_migrate.connect(register_schedule, sender=self.apps.get_app_config("fleet"))

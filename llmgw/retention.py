@@ -1,0 +1,67 @@
+"""How long history is kept: usage records (``gateway``), scaling events and replicas that
+ended (``fleet``). Lives in the project package because it touches both apps, which import
+nothing from each other. Run hourly by django-q (:func:`register_schedule`)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import models
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_NAME = "llmgw history retention"
+#: Rows deleted per statement: short transactions, so SQLite's single writer (the web
+#: process's usage flush, agent reports) never waits long behind a prune.
+BATCH_ROWS = 2000
+#: Most rows deleted per table per run; a backlog is worked off over the next runs.
+MAX_ROWS_PER_RUN = 100_000
+
+
+def _delete_in_batches(queryset: models.QuerySet, limit: int) -> int:
+    deleted = 0
+    while deleted < limit:
+        pks = list(queryset.order_by().values_list("pk", flat=True)[:min(BATCH_ROWS, limit - deleted)])
+        if not pks:
+            break
+        queryset.model.objects.filter(pk__in=pks).delete()
+        deleted += len(pks)
+    return deleted
+
+
+def prune_history(now: datetime | None = None, max_rows: int = MAX_ROWS_PER_RUN) -> dict[str, int]:
+    """Delete history older than ``ClusterSettings.history_retention_days`` (0 keeps all).
+
+    Returns ``{"usage_records": n, "scaling_events": n, "replicas": n}``, rows deleted. Only
+    replicas that ended (stopped, failed) go; the reconciler looks back one hour for crash
+    loops, far inside the shortest retention (one day)."""
+    from catalog.models import ClusterSettings
+    from fleet.models import Replica, ScalingEvent
+    from fleet.states import ReplicaState
+    from gateway.models import UsageRecord
+
+    days = ClusterSettings.get_solo().history_retention_days
+    counts = {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+    if not days:
+        return counts
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    counts["usage_records"] = _delete_in_batches(UsageRecord.objects.filter(at__lt=cutoff), max_rows)
+    counts["scaling_events"] = _delete_in_batches(ScalingEvent.objects.filter(at__lt=cutoff), max_rows)
+    ended = [ReplicaState.STOPPED.value, ReplicaState.FAILED.value]
+    counts["replicas"] = _delete_in_batches(
+        Replica.objects.filter(state__in=ended, state_changed_at__lt=cutoff), max_rows)
+    if any(counts.values()):
+        log.info("history older than %d days deleted: %s", days, counts)
+    return counts
+
+
+def register_schedule(**kwargs) -> None:
+    """Create or update the hourly retention schedule (connected to post_migrate)."""
+    from django_q.models import Schedule
+
+    Schedule.objects.update_or_create(
+        name=SCHEDULE_NAME,
+        defaults={"func": "llmgw.retention.prune_history", "schedule_type": Schedule.HOURLY, "repeats": -1},
+    )

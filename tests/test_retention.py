@@ -1,0 +1,68 @@
+"""History retention: old usage records, scaling events and ended replicas are deleted;
+live replicas, recent rows and a zero (keep forever) setting are left alone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from catalog.models import ClusterSettings
+from fleet.models import Agent, Replica, ScalingEvent, UsageReport
+from gateway.models import UsageRecord
+from llmgw import retention
+
+pytestmark = [pytest.mark.django_db]
+
+
+@pytest.fixture
+def history(make_model):
+    now = timezone.now()
+    old, recent = now - timedelta(days=31), now - timedelta(days=29)
+    model = make_model("m")
+    agent = Agent.objects.create(name="a")
+    replicas = {}
+    for label, state, at in [("old-stopped", "stopped", old), ("old-failed", "failed", old),
+                             ("old-ready", "ready", old), ("new-stopped", "stopped", recent)]:
+        replicas[label] = Replica.objects.create(model=model, profile=model.profile, agent=agent, state=state,
+                                                 state_changed_at=at)
+    UsageReport.objects.create(process="web:1", replica=replicas["old-stopped"], reported_at=now)
+    for at in (old, old, recent):
+        UsageRecord.objects.create(at=at, model_name="m", path="chat/completions", status=200, total_ms=1)
+        ScalingEvent.objects.create(model=model, at=at, from_replicas=1, to_replicas=2, reason="busy")
+    return now, replicas
+
+
+def test_history_older_than_the_retention_is_deleted(history):
+    now, replicas = history
+    assert retention.prune_history(now) == {"usage_records": 2, "scaling_events": 2, "replicas": 2}
+    assert set(Replica.objects.values_list("pk", flat=True)) == {replicas["old-ready"].pk, replicas["new-stopped"].pk}
+    assert UsageRecord.objects.count() == 1 and ScalingEvent.objects.count() == 1
+    assert not UsageReport.objects.exists()  # went with its replica
+    assert retention.prune_history(now) == {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+
+
+def test_zero_days_keeps_everything(history):
+    now, _ = history
+    ClusterSettings.objects.filter(pk=ClusterSettings.get_solo().pk).update(history_retention_days=0)
+    assert retention.prune_history(now + timedelta(days=3650)) == {"usage_records": 0, "scaling_events": 0,
+                                                                  "replicas": 0}
+    assert UsageRecord.objects.count() == 3
+
+
+def test_a_backlog_is_deleted_in_bounded_runs(make_model, monkeypatch):
+    monkeypatch.setattr(retention, "BATCH_ROWS", 7)
+    old = timezone.now() - timedelta(days=40)
+    UsageRecord.objects.bulk_create([UsageRecord(at=old, model_name="m", path="completions", status=200, total_ms=1)
+                                     for _ in range(25)])
+    assert retention.prune_history(max_rows=20)["usage_records"] == 20
+    assert retention.prune_history(max_rows=20)["usage_records"] == 5
+    assert not UsageRecord.objects.exists()
+
+
+def test_migrating_registers_the_hourly_schedule():
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.get(name=retention.SCHEDULE_NAME)
+    assert schedule.func == "llmgw.retention.prune_history" and schedule.schedule_type == Schedule.HOURLY
