@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from datetime import datetime
 
 from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
@@ -149,13 +150,32 @@ class Place:
     reason: str
 
 
+class MoveCause(str, Enum):
+    """Why a replica is moved, for programs (the simulator's counts, metrics); ``Move.reason``
+    says the same for people, with the figures."""
+
+    AGENT_SILENT = "agent_silent"      # its agent went quiet: lost, or stopped if draining
+    NOT_TAKEN_UP = "not_taken_up"      # placed, but the agent never started it
+    DRAINED = "drained"                # draining and nothing in flight any more
+    DRAIN_GRACE_OVER = "drain_grace_over"
+    WANTED_AGAIN = "wanted_again"      # a draining replica serves again
+    IDLE = "idle"                      # on-demand model unused for its idle timeout
+    CLUSTER_STOPPED = "cluster_stopped"
+    SURPLUS = "surplus"                # more running than wanted (load, schedule, catalog)
+    EVICTION = "eviction"              # making room for another model
+    AGENT_BACK = "agent_back"          # a lost replica's agent returned with it ready
+    DUPLICATE = "duplicate"            # came back, but enough run elsewhere
+
+
 @dataclass(frozen=True)
 class Move:
-    """Move replica ``replica_id`` to state ``to`` (drain, stop, mark lost)."""
+    """Move replica ``replica_id`` to state ``to`` (drain, stop, mark lost), for ``cause``;
+    ``reason`` is the sentence shown to operators."""
 
     replica_id: int
     to: ReplicaState
     reason: str
+    cause: MoveCause
 
 
 @dataclass
@@ -382,10 +402,12 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 age = silence[r.agent_id]
                 heard = "never heard from" if age is None else f"silent for {_fmt_s(age)}"
                 if r.state in COUNTS_TOWARDS_DESIRED:
-                    result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}"))
+                    result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}",
+                                               MoveCause.AGENT_SILENT))
                     states[r.id] = S.LOST
                 elif r.state == S.DRAINING:  # on its way out anyway: never to run again
-                    result.actions.append(Move(r.id, S.STOPPING, f"agent {agents[r.agent_id].name} {heard}"))
+                    result.actions.append(Move(r.id, S.STOPPING, f"agent {agents[r.agent_id].name} {heard}",
+                                               MoveCause.AGENT_SILENT))
                     states[r.id] = S.STOPPING
                 # stopping: the agent stops it when back, or reconnects without it (fleet.reports)
 
@@ -426,7 +448,8 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         waited = (now - r.state_changed_at).total_seconds()
         if waited >= policy.placing_timeout_s and not usable.get(r.agent_id):
             result.actions.append(Move(r.id, S.FAILED, f"agent {agents[r.agent_id].name} did not take it up "
-                                                       f"within {_fmt_s(policy.placing_timeout_s)}"))
+                                                       f"within {_fmt_s(policy.placing_timeout_s)}",
+                                       MoveCause.NOT_TAKEN_UP))
             states[r.id] = S.FAILED
             for room in (rooms.get(r.agent_id),):
                 if room is not None:
@@ -438,12 +461,13 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
             continue
         draining_for = _age_s(now, r.state_changed_at) or 0.0
         if r.in_flight == 0:
-            result.actions.append(Move(r.id, S.STOPPING, "drained: no requests in flight"))
+            result.actions.append(Move(r.id, S.STOPPING, "drained: no requests in flight", MoveCause.DRAINED))
             states[r.id] = S.STOPPING
         elif draining_for >= policy.drain_grace_s:
             flight = "unknown" if r.in_flight is None else str(r.in_flight)
             result.actions.append(
-                Move(r.id, S.STOPPING, f"drain grace of {_fmt_s(policy.drain_grace_s)} over ({flight} in flight)")
+                Move(r.id, S.STOPPING, f"drain grace of {_fmt_s(policy.drain_grace_s)} over ({flight} in flight)",
+                     MoveCause.DRAIN_GRACE_OVER)
             )
             states[r.id] = S.STOPPING
 
@@ -497,7 +521,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
             # A replica still draining is warm: serving again beats a cold start.
             for r in sorted((r for r in by_model[m.id] if states[r.id] == S.DRAINING and not usable.get(r.agent_id)),
                             key=lambda r: -r.id)[:missing]:
-                result.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled"))
+                result.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))
                 states[r.id] = S.READY
                 missing -= 1
             active = active_of(m.id)
@@ -515,10 +539,12 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 _place_missing(m, missing, active, result, rooms, usable, snapshot, now,
                                states, by_model, models, desired, forgotten, outcome, claimed)
         elif missing < 0:
+            cause = (MoveCause.CLUSTER_STOPPED if policy.stopped
+                     else MoveCause.IDLE if outcome.forget_demand else MoveCause.SURPLUS)
             for r in _surplus(active, -missing):
                 why = outcome.reason or f"surplus: {len(active)} running, {desired[m.id]} wanted"
                 to = S.DRAINING if states[r.id] == S.READY else S.STOPPING
-                result.actions.append(Move(r.id, to, why))
+                result.actions.append(Move(r.id, to, why, cause))
                 states[r.id] = to
                 if to == S.STOPPING:
                     pass  # resources stay held until the agent reports it stopped
@@ -560,12 +586,14 @@ def _settle_returning(
         name = agents[r.agent_id].name
         if r.back and room > 0:
             room -= 1
-            result.actions.append(Move(r.id, S.READY, f"agent {name} came back with the engine ready"))
+            result.actions.append(Move(r.id, S.READY, f"agent {name} came back with the engine ready",
+                                       MoveCause.AGENT_BACK))
             states[r.id] = S.READY
         elif room == 0:
             result.actions.append(Move(
                 r.id, S.STOPPING,
                 f"duplicate: agent {name} came back, {ready_elsewhere} ready elsewhere ({desired} wanted)",
+                MoveCause.DUPLICATE,
             ))
             states[r.id] = S.STOPPING
         # else: its engine is not ready (yet) and it may still be needed: wait for its report.
@@ -730,7 +758,7 @@ def _make_room(
             for victim, victim_idle in victims:
                 victim_model = models[victim.model_id]
                 text = f"evicted {victim_model.name}, idle {_fmt_s(victim_idle)}, to place {m.name}"
-                result.actions.append(Move(victim.id, S.DRAINING, text))
+                result.actions.append(Move(victim.id, S.DRAINING, text, MoveCause.EVICTION))
                 states[victim.id] = S.DRAINING
                 remaining = [x for x in by_model[victim.model_id] if states[x.id] in COUNTS_TOWARDS_DESIRED]
                 if not remaining:

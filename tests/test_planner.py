@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from fleet.planner import (
-    AgentView, GpuView, ModelView, Move, Place, Policy, ProfileView, ReplicaView, Snapshot,
+    AgentView, GpuView, ModelView, Move, MoveCause, Place, Policy, ProfileView, ReplicaView, Snapshot,
     desired_replicas, plan,
 )
 from fleet.states import ReplicaState as S
@@ -179,20 +179,20 @@ def test_plan_is_deterministic():
 def test_surplus_ready_replica_drains_and_a_starting_one_stops_first():
     replicas = [rep(1, 1, 1, S.READY, gpus=(0,), in_flight=0), rep(2, 1, 1, S.STARTING, gpus=(1,))]
     result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1, max_replicas=2)], replicas), NOW)
-    assert result.moves == [Move(2, S.STOPPING, result.moves[0].reason)]
+    assert result.moves == [Move(2, S.STOPPING, result.moves[0].reason, MoveCause.SURPLUS)]
 
 
 def test_stopped_cluster_drains_every_ready_replica():
     replicas = [rep(1, 1, 1, S.READY, in_flight=0)]
     result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas, stopped=True), NOW)
-    assert [(m.replica_id, m.to) for m in result.moves] == [(1, S.DRAINING)]
+    assert [(m.replica_id, m.to, m.cause) for m in result.moves] == [(1, S.DRAINING, MoveCause.CLUSTER_STOPPED)]
     assert result.models[1].reason == "cluster stopped"
 
 
 def test_draining_replica_stops_once_nothing_is_in_flight():
     replicas = [rep(1, 1, 1, S.DRAINING, in_flight=0, state_changed_at=ago(1))]
     result = plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas), NOW)
-    assert [(m.replica_id, m.to) for m in result.moves] == [(1, S.STOPPING)]
+    assert [(m.replica_id, m.to, m.cause) for m in result.moves] == [(1, S.STOPPING, MoveCause.DRAINED)]
 
 
 def test_draining_replica_with_requests_in_flight_waits_within_the_grace():
@@ -208,7 +208,7 @@ def test_draining_replica_with_unknown_in_flight_is_not_treated_as_idle():
 def test_drain_grace_bounds_the_wait():
     replicas = [rep(1, 1, 1, S.DRAINING, in_flight=3, state_changed_at=ago(31))]
     moves = plan(snap([gpu_agent(1, "a")], [model(1, "m")], replicas, drain_grace_s=30), NOW).moves
-    assert [(m.replica_id, m.to) for m in moves] == [(1, S.STOPPING)]
+    assert [(m.replica_id, m.to, m.cause) for m in moves] == [(1, S.STOPPING, MoveCause.DRAIN_GRACE_OVER)]
 
 
 # --- lost agents -----------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_silent_agent_loses_its_replicas_and_they_are_placed_elsewhere():
     models = [model(1, "m", min_replicas=1)] + [model(i, f"o{i}", min_replicas=1) for i in (2, 3, 4)]
     replicas = [rep(1, 1, 1), rep(2, 2, 2), rep(3, 3, 3), rep(4, 4, 4)]
     result = plan(snap(agents, models, replicas, agent_lost_after_s=20), NOW)
-    assert (1, S.LOST) in [(m.replica_id, m.to) for m in result.moves]
+    assert (1, S.LOST, MoveCause.AGENT_SILENT) in [(m.replica_id, m.to, m.cause) for m in result.moves]
     assert [p.model_id for p in result.places] == [1] and result.places[0].agent_id != 1
 
 
@@ -261,7 +261,7 @@ def test_idle_on_demand_model_scales_to_zero_and_forgets_its_demand():
     m = model(1, "m", on_demand=True, idle_timeout_s=60, wanted_at=ago(61))
     replicas = [rep(1, 1, 1, S.READY, in_flight=0, last_used_at=ago(61))]
     result = plan(snap([gpu_agent(1, "a")], [m], replicas), NOW)
-    assert [(x.replica_id, x.to) for x in result.moves] == [(1, S.DRAINING)]
+    assert [(x.replica_id, x.to, x.cause) for x in result.moves] == [(1, S.DRAINING, MoveCause.IDLE)]
     assert result.models[1].forget_demand
     assert "idle for 1 min" in result.models[1].reason
 
@@ -290,7 +290,7 @@ def test_making_room_evicts_the_least_recently_used_idle_replica():
     models, replicas = full_fleet(("qwen-7b", ago(14 * 60), 0), ("mistral", ago(5 * 60), 0))
     wanted = model(1, "llama-70b", on_demand=True, wanted_at=ago(0))
     result = plan(snap([gpu_agent(1, "a")], models + [wanted], replicas, min_idle_before_eviction_s=60), NOW)
-    assert [(x.replica_id, x.to) for x in result.moves] == [(100, S.DRAINING)]
+    assert [(x.replica_id, x.to, x.cause) for x in result.moves] == [(100, S.DRAINING, MoveCause.EVICTION)]
     assert "evicted qwen-7b, idle 14 min, to place llama-70b" in result.models[1].reason
     assert not result.models[1].unservable
     assert result.models[10].forget_demand  # qwen-7b is no longer wanted: no ping-pong
@@ -357,11 +357,12 @@ def test_a_draining_replica_of_a_model_wanted_again_serves_again_instead_of_a_co
     m = model(1, "m", on_demand=True, wanted_at=ago(1))
     replicas = [rep(1, 1, 1, S.DRAINING, in_flight=1, state_changed_at=ago(2))]
     result = plan(snap([gpu_agent(1, "a")], [m], replicas), NOW)
-    assert [(x.replica_id, x.to) for x in result.moves] == [(1, S.READY)] and result.places == []
+    assert [(x.replica_id, x.to, x.cause) for x in result.moves] == [(1, S.READY, MoveCause.WANTED_AGAIN)]
+    assert result.places == []
 
 
 def test_a_replica_its_agent_never_takes_up_is_failed_after_the_placing_timeout():
     replicas = [rep(1, 1, 1, S.PLACING, state_changed_at=ago(121))]
     result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas, placing_timeout_s=120), NOW)
-    assert (1, S.FAILED) in [(x.replica_id, x.to) for x in result.moves]
+    assert (1, S.FAILED, MoveCause.NOT_TAKEN_UP) in [(x.replica_id, x.to, x.cause) for x in result.moves]
     assert "did not take it up" in result.moves[0].reason

@@ -712,10 +712,10 @@ class Simulator:
         if new == S.DRAINING:
             self.draining[r.id] = r
             why = action.reason
-            if why.startswith("evicted "):
+            if action.cause == planner.MoveCause.EVICTION:
                 m.evictions += 1
                 kind = "eviction"
-            elif why.startswith("idle for "):
+            elif action.cause == planner.MoveCause.IDLE:
                 m.idle_stops += 1
                 kind = "idle"
             else:
