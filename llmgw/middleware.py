@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.db import InterfaceError, OperationalError
@@ -11,6 +13,31 @@ from django.http import HttpRequest, HttpResponse
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 2
+#: During an outage every request fails alike: one warning per this many seconds, with a count.
+LOG_EVERY_S = 10.0
+
+
+class _OutageLog:
+    """Rate-limited warnings: the first failure at once, then one line per ``LOG_EVERY_S``
+    saying how many requests were answered 503 in between."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._quiet = 0
+
+    def note(self, request: HttpRequest, exception: Exception) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < LOG_EVERY_S:
+                self._quiet += 1
+                return
+            quiet, self._quiet, self._last = self._quiet, 0, now
+        more = f" ({quiet} more request(s) answered 503 since the last warning)" if quiet else ""
+        log.warning("database unavailable for %s %s: %s%s", request.method, request.path, exception, more)
+
+
+_outage_log = _OutageLog()
 
 
 class DatabaseUnavailableMiddleware:
@@ -34,7 +61,7 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, (OperationalError, InterfaceError)):
             return None
-        log.warning("database unavailable for %s %s: %s", request.method, request.path, exception)
+        _outage_log.note(request, exception)
         message = "The control plane's database is unavailable for a moment; retry shortly."
         if request.path.startswith("/v1/"):
             from gateway.errors import openai_error

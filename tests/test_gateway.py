@@ -161,3 +161,25 @@ def test_a_stopped_cluster_answers_503_system_stopped_and_still_lists_models(cli
         assert "fake-model" in [m["id"] for m in client.get("/v1/models").json()["data"]]
     finally:
         start_cluster()
+
+
+def test_a_database_outage_is_answered_503_and_logged_once_per_interval_not_per_request(caplog, monkeypatch):
+    import logging
+
+    from django.db import OperationalError
+    from django.test import RequestFactory
+
+    from llmgw import middleware
+
+    clock = [1000.0]
+    monkeypatch.setattr(middleware.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(middleware, "_outage_log", middleware._OutageLog())
+    mw = middleware.DatabaseUnavailableMiddleware(lambda request: None)
+    request = RequestFactory().post("/v1/chat/completions")
+    with caplog.at_level(logging.WARNING, logger="llmgw.middleware"):
+        answers = [mw.process_exception(request, OperationalError("connection refused")) for _ in range(50)]
+        assert len(caplog.records) == 1
+        clock[0] += middleware.LOG_EVERY_S
+        mw.process_exception(request, OperationalError("connection refused"))
+    assert {a.status_code for a in answers} == {503} and answers[0]["Retry-After"] == "2"
+    assert len(caplog.records) == 2 and "49 more request(s)" in caplog.records[1].getMessage()
