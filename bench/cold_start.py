@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._cleanup import finish_logs, shield_cleanup  # noqa: E402
 from tests.cluster import FAKE_ENGINE, FAST_ENV  # noqa: E402
 from tests.processes import PYTHON, Proc, free_port, wait_for_port, wait_until  # noqa: E402
 
@@ -201,16 +201,9 @@ def main() -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
-            signal.signal(sig, signal.SIG_IGN)
+        shield_cleanup()
         stop_all(procs, tmp)
-        if not ok:
-            for log in sorted(tmp.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-        if args.keep or not ok:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        finish_logs(tmp, ok, args.keep)
     return 0 if ok else 1
 
 

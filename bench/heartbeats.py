@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._cleanup import finish_logs, shield_cleanup  # noqa: E402
 from tests.processes import PYTHON, Proc, free_port, wait_for_port, wait_until
 
 CPU_GOAL = 0.25
@@ -312,8 +312,7 @@ def main() -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        shield_cleanup()
         if sim is not None and sim.poll() is None:
             sim.stdin.close()
             try:
@@ -326,13 +325,7 @@ def main() -> int:
             drop_database(args)
         except Exception as exc:  # noqa: BLE001 (cleanup goes on)
             print(f"could not drop the bench database: {exc}", file=sys.stderr)
-        if not ok:
-            for log in sorted(tmp.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-        if args.keep or not ok:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        finish_logs(tmp, ok, args.keep)
     return 0 if ok else 1
 
 
