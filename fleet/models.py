@@ -181,6 +181,8 @@ class ModelState(models.Model):
     extra_replicas = models.PositiveIntegerField(default=0)
     busy_since = models.DateTimeField(null=True, blank=True)
     quiet_since = models.DateTimeField(null=True, blank=True)
+    #: Requests one ready replica ran while others waited, at most (``fleet.scaling``).
+    observed_per_replica = models.PositiveIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"state of {self.model_id}"

@@ -162,6 +162,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 extra_replicas=state.extra_replicas if state else 0,
                 busy_since=state.busy_since if state else None,
                 quiet_since=state.quiet_since if state else None,
+                observed_per_replica=state.observed_per_replica if state else None,
                 window_min=window.min_replicas if window else None,
                 window_max=window.max_replicas if window else None,
                 load=loads.get(m.id),
@@ -270,6 +271,7 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
             "extra_replicas": outcome.scaling.extra,
             "busy_since": outcome.scaling.busy_since,
             "quiet_since": outcome.scaling.quiet_since,
+            "observed_per_replica": outcome.scaling.observed_per_replica,
         }
         if outcome.scaled is not None:
             before, after, why = outcome.scaled

@@ -9,14 +9,19 @@ metrics endpoint.
   measured capacity) more requests in flight than capacity × replicas. Busy for
   ``scale_up_after_s`` adds one replica, never past the ceiling, never while one of the
   model's replicas is still placing or starting; the timer then restarts.
-* Quiet: nothing waiting, a replica added by load to take back, and (with a measured
-  capacity) the remaining replicas would stay under 70% of theirs. Quiet for
-  ``scale_down_after_s`` takes one back; the timer then restarts.
+* Quiet: nothing waiting, a replica added by load to take back, and the remaining replicas
+  would stay under 70% of their capacity: the measured one, or else the one *observed* —
+  the most requests a ready replica was seen running while others waited (a replica with a
+  queue is full). Quiet for ``scale_down_after_s`` takes one back; the timer then restarts.
+  Without that check "quiet" would only mean "nothing waiting", and a steady load between
+  one and two replicas' worth would scale down, queue, scale up again, forever (the seed
+  flaps so; ``tests/test_simulator.py`` shows it no longer does).
 * Anything else resets both timers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -46,11 +51,14 @@ class Load:
 
 @dataclass(frozen=True)
 class ScalingState:
-    """What a model remembers between passes (stored in ModelState)."""
+    """What a model remembers between passes (stored in ModelState). ``observed_per_replica``:
+    the most requests one ready replica was seen running while requests waited (its
+    capacity, learned without a benchmark); None until a queue was seen."""
 
     extra: int = 0
     busy_since: datetime | None = None
     quiet_since: datetime | None = None
+    observed_per_replica: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,21 +89,29 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
     ``starting``: a replica of the model is still placing, downloading or starting.
     """
     if base == 0 or ceiling <= base:
-        return Step(ScalingState())
+        return Step(ScalingState(observed_per_replica=state.observed_per_replica))
     extra = min(state.extra, ceiling - base)
     current = base + extra
-    if load is None or not load.known:
-        return Step(ScalingState(extra))  # unknown: no step either way, timers reset
+    observed = state.observed_per_replica
+    if load is None or not load.known:  # unknown: no step either way, timers reset
+        return Step(ScalingState(extra, observed_per_replica=observed))
     replicas = max(load.replicas, 1)
+    if load.waiting > 0 and load.running > 0 and load.replicas > 0:
+        observed = max(observed or 0, math.ceil(load.running / load.replicas))
     waiting_per_replica = load.waiting / replicas
     in_flight = load.running + load.waiting
     over_measured = measured_per_replica is not None and in_flight > measured_per_replica * replicas
-    fits_in_fewer = measured_per_replica is None or (
-        load.running <= SCALE_DOWN_HEADROOM * measured_per_replica * max(load.replicas - 1, 0)
+    capacity = measured_per_replica if measured_per_replica is not None else observed
+    fits_in_fewer = capacity is None or (
+        load.running <= SCALE_DOWN_HEADROOM * capacity * max(load.replicas - 1, 0)
     )
+
+    def keep(extra: int, busy_since: datetime | None = None, quiet_since: datetime | None = None) -> ScalingState:
+        return ScalingState(extra, busy_since, quiet_since, observed)
+
     if waiting_per_replica >= policy.scale_up_waiting or over_measured:
         if state.busy_since is None:
-            return Step(ScalingState(extra, busy_since=now))
+            return Step(keep(extra, busy_since=now))
         busy_for = (now - state.busy_since).total_seconds()
         if busy_for >= policy.scale_up_after_s and current < ceiling and not starting:
             if over_measured and waiting_per_replica < policy.scale_up_waiting:
@@ -103,16 +119,18 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
                        f"for {_fmt(busy_for)}")
             else:
                 why = f"{waiting_per_replica:.1f} waiting per replica for {_fmt(busy_for)}"
-            return Step(ScalingState(extra + 1, busy_since=now), current, current + 1, "scale up: " + why)
-        return Step(ScalingState(extra, busy_since=state.busy_since))
+            return Step(keep(extra + 1, busy_since=now), current, current + 1, "scale up: " + why)
+        return Step(keep(extra, busy_since=state.busy_since))
     if load.waiting == 0 and extra > 0 and fits_in_fewer:
         if state.quiet_since is None:
-            return Step(ScalingState(extra, quiet_since=now))
+            return Step(keep(extra, quiet_since=now))
         quiet_for = (now - state.quiet_since).total_seconds()
         if quiet_for >= policy.scale_down_after_s:
             why = f"scale down: quiet for {_fmt(quiet_for)}"
-            if measured_per_replica is not None:
-                why += f" ({load.running} in flight fit in {load.replicas - 1} × {measured_per_replica} at 70%)"
-            return Step(ScalingState(extra - 1, quiet_since=now), current, current - 1, why)
-        return Step(ScalingState(extra, quiet_since=state.quiet_since))
-    return Step(ScalingState(extra))
+            if capacity is not None:
+                source = "measured" if measured_per_replica is not None else "seen at saturation"
+                why += (f" ({load.running} in flight fit in {load.replicas - 1} × {capacity} {source}"
+                        f" at {SCALE_DOWN_HEADROOM:.0%})")
+            return Step(keep(extra - 1, quiet_since=now), current, current - 1, why)
+        return Step(keep(extra, quiet_since=state.quiet_since))
+    return Step(keep(extra))

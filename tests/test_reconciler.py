@@ -139,7 +139,8 @@ def test_a_scale_step_is_recorded_as_an_event(make_model, cluster):
     event = ScalingEvent.objects.get(model=m)
     assert (event.from_replicas, event.to_replicas) == (1, 2) and "3.0 waiting per replica" in event.reason
     assert Replica.objects.filter(model=m).count() == 2
-    assert ModelState.objects.get(model=m).extra_replicas == 1
+    state = ModelState.objects.get(model=m)
+    assert state.extra_replicas == 1 and state.observed_per_replica == 4  # learned from the queue, kept
 
 
 def test_old_usage_reports_and_silent_control_planes_are_forgotten(make_model):

@@ -106,6 +106,33 @@ def test_seventy_percent_headroom_blocks_a_scale_down():
     assert [(a, b) for _, a, b, _ in taken] == [(3, 2)]
 
 
+def test_without_a_benchmark_a_queue_teaches_the_capacity_and_it_blocks_a_scale_down_that_would_queue_again():
+    # One replica runs 4 with 3 waiting: a replica holds 4. After a step up, 6 running on two
+    # replicas leave nothing waiting, but would not fit in one at 70% of 4.
+    taken, state = run([(0, Load(1, 4, 3)), (30, Load(1, 4, 3)), (60, quiet(2, running=6)),
+                        (400, quiet(2, running=6))])
+    assert [(a, b) for _, a, b, _ in taken] == [(1, 2)] and state.extra == 1
+    assert state.observed_per_replica == 4
+    # Later the load falls to 2 running: fits in 1 × 4 × 70% = 2.8 → quiet for 5 min → one back.
+    taken, state = run([(0, quiet(2, running=2)), (300, quiet(2, running=2))], state=state)
+    assert [(a, b) for _, a, b, _ in taken] == [(2, 1)]
+    assert "2 in flight fit in 1 × 4 seen at saturation at 70%" in taken[0][3]
+
+
+def test_the_learned_capacity_is_the_most_seen_and_survives_unknown_load_and_idle_spells():
+    taken, state = run([(0, Load(2, 3, 2)), (10, Load(2, 8, 1)), (20, Load(2, 5, 4)), (30, None), (40, quiet(2, 0)),
+                        (50, Load(1, 0, 2))])  # nothing running while waiting (loading) teaches nothing
+    assert state.observed_per_replica == 4
+    assert evaluate(0, 3, quiet(), None, False, state, at(60), POLICY).state.observed_per_replica == 4
+
+
+def test_a_benchmark_wins_over_the_learned_capacity():
+    # Learned 2 per replica, measured 8: 5 running fits in 1 × 8 × 70% = 5.6.
+    taken, _ = run([(0, quiet(2, running=5)), (300, quiet(2, running=5))], measured=8,
+                   state=ScalingState(extra=1, observed_per_replica=2))
+    assert [(a, b) for _, a, b, _ in taken] == [(2, 1)] and "measured" in taken[0][3]
+
+
 def test_stopped_or_zero_base_forgets_load_scaling():
     step = evaluate(0, 3, busy(), None, False, ScalingState(extra=2, busy_since=T0), at(100), POLICY)
     assert step.state == ScalingState()

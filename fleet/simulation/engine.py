@@ -141,6 +141,7 @@ class _Model:
         self.extra = 0
         self.busy_since: datetime | None = None
         self.quiet_since: datetime | None = None
+        self.observed: int | None = None
         self.unservable = False
         self.window_min: int | None = None
         self.window_max: int | None = None
@@ -539,7 +540,7 @@ class Simulator:
             base = planner.base_replicas(view, policy, now)
             if view.on_demand and view.wanted_at is not None and base == 0 and planner.min_replicas_now(view) == 0:
                 return False
-            state = ScalingState(m.extra, m.busy_since, m.quiet_since)
+            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed)
             ceiling = view.window_max if view.window_max else view.max_replicas
             step = evaluate(base, ceiling, view.load, view.measured_per_replica, m.coming_up > 0, state, now,
                             policy.scaling)
@@ -578,7 +579,7 @@ class Simulator:
         if m.wanted_s is not None and m.wanted_dt is None:
             m.wanted_dt = self.at(m.wanted_s)
         load = self._load(m)
-        key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, load)
+        key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, m.observed, load)
         if key != m.view_key:
             spec = m.spec
             m.view = planner.ModelView(
@@ -586,7 +587,7 @@ class Simulator:
                 max_replicas=spec.max_replicas, on_demand=spec.on_demand, idle_timeout_s=spec.idle_timeout_s,
                 wanted_at=m.wanted_dt, window_min=m.window_min, window_max=m.window_max,
                 extra_replicas=m.extra, busy_since=m.busy_since, quiet_since=m.quiet_since,
-                load=Load(*load) if load else None,
+                observed_per_replica=m.observed, load=Load(*load) if load else None,
                 measured_per_replica=spec.latency.slots if spec.latency.measured else None,
             )
             m.view_key = key
@@ -646,7 +647,7 @@ class Simulator:
                         b.desired, b.unservable, b.forget_demand, b.scaling, b.scaled):
                     raise AssertionError(f"at {t:.3f} s {m.spec.name}: shortcut {a} != full {b}")
             elif (b.scaled or b.forget_demand or b.unservable != m.unservable or b.desired != m.active
-                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since)):
+                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed)):
                 raise AssertionError(f"at {t:.3f} s the full pass changed {m.spec.name}, which the shortcut "
                                      f"left alone: {b}")
 
@@ -680,6 +681,7 @@ class Simulator:
             m.extra = outcome.scaling.extra
             m.busy_since = outcome.scaling.busy_since
             m.quiet_since = outcome.scaling.quiet_since
+            m.observed = outcome.scaling.observed_per_replica
             m.unservable = outcome.unservable
             if outcome.forget_demand:
                 m.wanted_s = m.wanted_dt = None
