@@ -37,6 +37,7 @@ def explain_model(model: Model) -> dict:
         "window_now": describe(window) if window else None,
         "load_extra_replicas": state.extra_replicas if state else 0,
         "measured_per_replica": bench.max_concurrency if bench else None,
+        "observed_per_replica": state.observed_per_replica if state else None,
         "scaling_events": [{"at": e.at.isoformat(), "from": e.from_replicas, "to": e.to_replicas, "why": e.reason}
                            for e in events],
         "last_failure": failed[0].error if failed else None,

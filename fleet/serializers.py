@@ -139,6 +139,17 @@ class ExplainReplicaSerializer(serializers.Serializer):
     error = serializers.CharField()
 
 
+class ExplainScalingEventSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    to = serializers.IntegerField()
+    why = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.IntegerField()  # a keyword in Python: added by name
+        return fields
+
+
 class ExplainSerializer(serializers.Serializer):
     """``llmgw explain MODEL --json``: why a model has the replicas it has."""
 
@@ -154,4 +165,12 @@ class ExplainSerializer(serializers.Serializer):
     idle_for_s = serializers.FloatField(allow_null=True)
     unservable = serializers.BooleanField()
     reason = serializers.CharField()
+    schedule = serializers.ListField(child=serializers.CharField(), help_text="Its schedule windows, in words.")
+    window_now = serializers.CharField(allow_null=True, help_text="The window in force now, if any.")
+    load_extra_replicas = serializers.IntegerField(help_text="Replicas load scaling has added.")
+    measured_per_replica = serializers.IntegerField(allow_null=True, help_text="Benchmarked concurrency per replica.")
+    observed_per_replica = serializers.IntegerField(
+        allow_null=True, help_text="Most requests a replica ran while others queued (learned capacity).")
+    scaling_events = ExplainScalingEventSerializer(many=True, help_text="The last five, newest first.")
+    last_failure = serializers.CharField(allow_null=True, help_text="The newest failed replica's error.")
     replicas = ExplainReplicaSerializer(many=True)

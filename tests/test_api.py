@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import datetime
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -349,3 +351,12 @@ def test_the_swagger_page_loads_its_assets_from_here_not_a_cdn(staff):
     for asset in assets:
         assert asset.startswith("/" + settings.STATIC_URL.lstrip("/")), asset
         assert finders.find(asset.split(settings.STATIC_URL, 1)[1]), asset
+
+
+def test_explain_says_what_capacity_load_scaling_learned(world, staff):
+    ModelState.objects.update_or_create(model=world["model"], defaults={"observed_per_replica": 3, "extra_replicas": 1})
+    info = staff.get(f"/api/explain/{world['model'].name}/").json()
+    assert info["observed_per_replica"] == 3 and info["load_extra_replicas"] == 1
+    out = io.StringIO()
+    call_command("llmgw", "explain", world["model"].name, stdout=out)
+    assert "capacity:    3 running per replica while requests queued" in out.getvalue()

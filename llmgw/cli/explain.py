@@ -34,6 +34,9 @@ def run(options, stdout, stderr) -> int:
         stdout.write(f"  schedule:    {'; '.join(info['schedule'])} — now: {info['window_now'] or 'outside every window'}\n")
     if info["measured_per_replica"]:
         stdout.write(f"  measured:    {info['measured_per_replica']} concurrent per replica within its SLO\n")
+    elif info["observed_per_replica"]:
+        stdout.write(f"  capacity:    {info['observed_per_replica']} running per replica while requests queued"
+                     " (learned; a benchmark would measure it)\n")
     for e in info["scaling_events"]:
         stdout.write(f"  scaled:      {e['at']} {e['from']} → {e['to']}: {e['why']}\n")
     if info["last_failure"]:
