@@ -51,16 +51,26 @@ def serve(model, port: int) -> Replica:
                                   cpu_cores=1, memory_mib=128)
 
 
-def wait_routed(client, name: str) -> None:
+def routed_to(response, replica: Replica) -> bool:
+    """The gateway answered from ``replica`` (not from a view older than this test: the
+    web process's routing table may still hold the previous test's replica of a model of
+    the same name, then catch up with the flush that removed it)."""
+    return response.headers.get("x-llmgw-replica", "").startswith(f"{replica.pk}@")
+
+
+def wait_routed(client, replica: Replica) -> None:
+    """Wait until ``/v1/`` routes ``replica``'s model to it; views only move forwards, so
+    from then on the gateway sees this test's rows."""
+    name = replica.model.name
+
     def routed():
         r = client.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "x"}]})
-        return r.status_code == 200
-    wait_until(routed, timeout_s=10, what=f"{name} to be routed")
+        return r.status_code == 200 and routed_to(r, replica)
+    wait_until(routed, timeout_s=10, what=f"{name} to be routed to replica {replica.pk}")
 
 
 def test_chat_completion_is_relayed(client, servers, make_model):
-    serve(make_model("fake-model", aliases="fm"), servers["engine"])
-    wait_routed(client, "fake-model")
+    wait_routed(client, serve(make_model("fake-model", aliases="fm"), servers["engine"]))
     r = client.post("/v1/chat/completions", json={"model": "fm", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200
     body = r.json()
@@ -71,16 +81,14 @@ def test_chat_completion_is_relayed(client, servers, make_model):
 
 
 def test_completions_and_embeddings_are_relayed(client, servers, make_model):
-    serve(make_model("fake-model"), servers["engine"])
-    wait_routed(client, "fake-model")
+    wait_routed(client, serve(make_model("fake-model"), servers["engine"]))
     assert client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"}).json()["choices"][0]["text"]
     emb = client.post("/v1/embeddings", json={"model": "fake-model", "input": ["a", "b"]}).json()
     assert len(emb["data"]) == 2
 
 
 def test_streaming_chunks_arrive_as_they_are_produced(client, servers, make_model):
-    serve(make_model("slow-model"), servers["slow"])
-    wait_routed(client, "slow-model")
+    wait_routed(client, serve(make_model("slow-model"), servers["slow"]))
     arrivals = []
     started = time.monotonic()
     with client.stream("POST", "/v1/chat/completions",
@@ -148,8 +156,7 @@ def test_get_on_a_post_endpoint_is_a_405_in_openai_shape(client):
 def test_a_stopped_cluster_answers_503_system_stopped_and_still_lists_models(client, servers, make_model):
     from fleet.operations import start_cluster, stop_cluster
 
-    serve(make_model("fake-model"), servers["engine"])
-    wait_routed(client, "fake-model")
+    wait_routed(client, serve(make_model("fake-model"), servers["engine"]))
     stop_cluster("test")
     try:
         def stopped():

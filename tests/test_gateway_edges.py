@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from catalog.models import Model
 from gateway.models import ApiKey, UsageRecord
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
-from tests.test_gateway import serve
+from tests.test_gateway import routed_to, serve
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -61,19 +61,20 @@ def key(transactional_db) -> str:
 
 @pytest.fixture
 def models(servers, make_model, transactional_db):
-    made = {}
+    made, replicas = {}, {}
     for name in ("plain", "utf8", "tools", "slow", "limited"):
         made[name] = make_model(name)
-        serve(made[name], servers["ports"][name])
+        replicas[name] = serve(made[name], servers["ports"][name])
     ext = Model(name="ext", external_base_url=f"http://127.0.0.1:{servers['ports']['external']}/v1",
                 external_api_key="upstream-secret", min_replicas=0, max_replicas=0)
     ext.full_clean()
     ext.save()
     made["ext"] = ext
     _, probe = ApiKey.create_key("probe")
-    for name in ("plain", "utf8", "tools", "limited"):  # wait until the gateway routes them
-        wait_until(lambda: post(servers, "/v1/embeddings", {"model": name, "input": "x"}, probe).status_code != 503,
-                   timeout_s=10, what=f"{name} to be routed")
+    for name in ("plain", "utf8", "tools", "limited"):  # wait until the gateway routes them (this test's rows)
+        wait_until(lambda: routed_to(post(servers, "/v1/embeddings", {"model": name, "input": "x"}, probe),
+                                     replicas[name]),
+                   timeout_s=10, what=f"{name} to be routed to replica {replicas[name].pk}")
     return made
 
 
