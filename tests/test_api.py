@@ -360,3 +360,33 @@ def test_explain_says_what_capacity_load_scaling_learned(world, staff):
     out = io.StringIO()
     call_command("llmgw", "explain", world["model"].name, stdout=out)
     assert "capacity:    3 running per replica while requests queued" in out.getvalue()
+
+
+def test_prefixes_stored_by_the_old_rule_are_recomputed_so_those_tokens_still_work(monkeypatch):
+    """Before the fix a secret with '-' was cut at its last dash: the stored prefix held
+    most of the secret and the new rule would not find the row. The data migrations
+    recompute every stored prefix."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    from fleet import tokens
+    from gateway.models import ApiKey
+
+    def old_rule(token):
+        head, _, tail = token.rpartition("-")
+        return f"{head}-{tail[:tokens.PREFIX_LEN]}" if head else token[:tokens.PREFIX_LEN]
+
+    secrets = iter(["AbCdEfGh-IjKlMnOpQrStUvWxYz0123456789-abcd", "no_dash_in_this_secret_at_all_0123456789ab"])
+    monkeypatch.setattr(tokens.secrets, "token_urlsafe", lambda n: next(secrets))
+    agent, agent_token = Agent.create_with_token("old-agent")
+    key, key_token = ApiKey.create_key("old-key")
+    Agent.objects.filter(pk=agent.pk).update(token_prefix=old_rule(agent_token))
+    ApiKey.objects.filter(pk=key.pk).update(prefix=old_rule(key_token))
+    assert Agent.authenticate(agent_token) is None  # what an upgrade without the migration did
+
+    import_module("fleet.migrations.0007_token_prefixes_cut_at_the_kind").recompute(apps, None)
+    import_module("gateway.migrations.0002_key_prefixes_cut_at_the_kind").recompute(apps, None)
+    assert Agent.authenticate(agent_token) == agent
+    assert Agent.objects.get(pk=agent.pk).token_prefix == "llmgw-agent-AbCdEfGh-IjK"
+    assert ApiKey.objects.get(pk=key.pk).prefix == tokens.token_prefix(key_token) == "llmgw-key-no_dash_in_t"
