@@ -9,13 +9,16 @@ import re
 import zoneinfo
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
 from catalog import schedules
 from catalog.presets import PLACEHOLDERS, PRESETS, template_fields
 from catalog.weights import parse_weights_source
+
+#: The largest default_max_tokens accepted: beyond any context window, inside a 32-bit column.
+MAX_TOKENS_LIMIT = 100_000_000
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -152,9 +155,10 @@ class Model(models.Model):
         "is evicted. Empty: the cluster default."
     )
     default_max_tokens = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_TOKENS_LIMIT)],
         help_text="Tokens to generate when a request sets neither max_tokens nor "
-        "max_completion_tokens. Empty: the engine decides (often until its context is full).",
+        "max_completion_tokens (served here only). Empty: the engine decides (often until its "
+        "context is full).",
     )
     external_base_url = models.URLField(
         blank=True, default="", help_text="Served elsewhere: requests are forwarded here."
@@ -227,6 +231,11 @@ class Model(models.Model):
             if self.profile_id or self.weights:
                 errors.setdefault("external_base_url", []).append(
                     "An external model is served elsewhere: leave profile and weights empty."
+                )
+            if self.default_max_tokens:
+                errors.setdefault("default_max_tokens", []).append(
+                    "Only for models served here: an external service has its own limits "
+                    "(and some refuse max_tokens)."
                 )
         else:
             if not self.profile_id:

@@ -175,8 +175,8 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return ex.answer(forbidden(model.name))
     generates = any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
     ex.stream = bool(body.get("stream")) and generates
-    content, strip_usage = _upstream_body(body, request.body, ex.stream,
-                                          model.default_max_tokens if generates else None)
+    content, strip_usage = _upstream_body(body, request.body, ex.stream, generates and not model.is_external,
+                                          model.default_max_tokens)
     headers = _upstream_headers(request)
     if model.is_external:
         if model.external_api_key:
@@ -195,13 +195,23 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     return await _forward(model, path, found, content, headers, ex, strip_usage)
 
 
-def _upstream_body(body: dict, raw: bytes, stream: bool, default_max_tokens: int | None) -> tuple[bytes, bool]:
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
+                   default_max_tokens: int | None) -> tuple[bytes, bool]:
     """The request body to send upstream, and whether to strip the usage chunk again.
 
-    Two additions, each only when the client left it out: ``stream_options.include_usage``
-    on a stream (so usage is recorded), and the model's ``default_max_tokens`` when neither
-    ``max_tokens`` nor ``max_completion_tokens`` is given (an unbounded request can hold a
-    replica for minutes). Otherwise the client's bytes go through untouched."""
+    Only what the client left out is added; otherwise its bytes go through untouched:
+
+    * a stream gets ``stream_options.include_usage`` (so usage is recorded);
+    * with ``bound`` (a generating request to a replica served here):
+      ``max_completion_tokens`` alone is copied to ``max_tokens`` — llama-cpp-python's
+      server ignores the newer name, and would generate until its context is full —; and
+      when neither names a positive count, the model's ``default_max_tokens`` becomes
+      ``max_tokens`` (0 or -1 mean "no limit" to llama.cpp). An unbounded request can hold
+      a CPU replica for minutes."""
     patched: dict | None = None
     strip_usage = False
     if stream:
@@ -210,9 +220,16 @@ def _upstream_body(body: dict, raw: bytes, stream: bool, default_max_tokens: int
             patched = dict(body)
             patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
             strip_usage = True
-    if default_max_tokens and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        patched = dict(body) if patched is None else patched
-        patched["max_tokens"] = default_max_tokens
+    if bound:
+        given, newer = body.get("max_tokens"), body.get("max_completion_tokens")
+        limit = None
+        if not _positive_int(given) and _positive_int(newer):
+            limit = newer
+        elif not _positive_int(given) and default_max_tokens:
+            limit = default_max_tokens
+        if limit is not None:
+            patched = dict(body) if patched is None else patched
+            patched["max_tokens"] = limit
     return (raw if patched is None else json.dumps(patched).encode()), strip_usage
 
 

@@ -390,3 +390,14 @@ def test_prefixes_stored_by_the_old_rule_are_recomputed_so_those_tokens_still_wo
     assert Agent.authenticate(agent_token) == agent
     assert Agent.objects.get(pk=agent.pk).token_prefix == "llmgw-agent-AbCdEfGh-IjK"
     assert ApiKey.objects.get(pk=key.pk).prefix == tokens.token_prefix(key_token) == "llmgw-key-no_dash_in_t"
+
+
+@pytest.mark.parametrize("value, ok", [(128, True), (None, True), (0, False), (-5, False), (2**31, False),
+                                       ("many", False)])
+def test_default_max_tokens_is_validated_as_a_field_message(staff, cpu_profile, value, ok):
+    answer = staff.post("/api/models/", {"name": "bounded", "weights": "file:/dev/null", "profile": cpu_profile.pk,
+                                         "min_replicas": 0, "max_replicas": 1, "default_max_tokens": value},
+                        format="json")
+    assert answer.status_code == (201 if ok else 400), answer.content
+    if not ok:
+        assert "default_max_tokens" in answer.json()

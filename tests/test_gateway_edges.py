@@ -14,6 +14,7 @@ from datetime import timedelta
 import httpx
 import openai
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -190,10 +191,24 @@ def test_a_models_default_max_tokens_bounds_requests_that_set_none(oai, servers)
     assert oai.completions.create(model="plain", prompt="x").choices[0].text == "tok0 tok1 tok2 "
     oai.chat.completions.create(model="plain", messages=messages, max_tokens=5)
     assert last_request()["max_tokens"] == 5
+    # The newer name alone is copied to max_tokens (llama-cpp-python ignores it).
     oai.chat.completions.create(model="plain", messages=messages, max_completion_tokens=4)
-    assert last_request()["max_tokens"] is None and last_request()["max_completion_tokens"] == 4
+    assert last_request()["max_tokens"] == 4 and last_request()["max_completion_tokens"] == 4
+    for unbounded in (0, -1, None):  # "no limit" to llama.cpp: the default applies
+        post(servers, "/v1/chat/completions", {"model": "plain", "messages": messages, "max_tokens": unbounded},
+             oai.api_key)
+        assert last_request()["max_tokens"] == 3
     oai.embeddings.create(model="plain", input="x")
     assert last_request()["path"].endswith("embeddings") and last_request()["max_tokens"] is None
+
+
+def test_an_external_models_request_is_sent_as_the_client_wrote_it(oai, servers):
+    oai.chat.completions.create(model="ext", messages=[{"role": "user", "content": "x"}], max_completion_tokens=4)
+    seen = [r for r in records(servers, "external") if r["event"] == "request"][-1]
+    assert seen["max_tokens"] is None and seen["max_completion_tokens"] == 4
+    with pytest.raises(ValidationError) as refused:
+        Model(name="ext2", external_base_url="http://x/v1", default_max_tokens=10).full_clean()
+    assert "Only for models served here" in str(refused.value)
 
 
 def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, models):
