@@ -183,6 +183,8 @@ class ModelState(models.Model):
     quiet_since = models.DateTimeField(null=True, blank=True)
     #: Requests one ready replica ran while others waited, at most (``fleet.scaling``).
     observed_per_replica = models.PositiveIntegerField(null=True, blank=True)
+    #: Since when, with nothing waiting, fewer replicas would be too full (``fleet.scaling``).
+    crowded_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"state of {self.model_id}"

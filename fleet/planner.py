@@ -102,8 +102,10 @@ class ModelView:
     extra_replicas: int = 0
     busy_since: datetime | None = None
     quiet_since: datetime | None = None
-    #: Capacity per replica learned from load (``fleet.scaling.ScalingState``).
+    #: Capacity per replica learned from load, and since when fewer replicas would be too
+    #: full (``fleet.scaling.ScalingState``).
     observed_per_replica: int | None = None
+    crowded_since: datetime | None = None
     #: Load over its ready replicas (None: unknown) and measured capacity per replica.
     load: Load | None = None
     measured_per_replica: int | None = None
@@ -485,7 +487,8 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
         ceiling = m.window_max if m.window_max else m.max_replicas
         starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
         step = evaluate(base, ceiling, m.load, m.measured_per_replica, starting,
-                        ScalingState(m.extra_replicas, m.busy_since, m.quiet_since, m.observed_per_replica),
+                        ScalingState(m.extra_replicas, m.busy_since, m.quiet_since, m.observed_per_replica,
+                                     m.crowded_since),
                         now, policy.scaling)
         steps[m.id] = step
         scaled_models.append(replace(m, extra_replicas=step.state.extra))

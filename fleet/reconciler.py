@@ -163,6 +163,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 busy_since=state.busy_since if state else None,
                 quiet_since=state.quiet_since if state else None,
                 observed_per_replica=state.observed_per_replica if state else None,
+                crowded_since=state.crowded_since if state else None,
                 window_min=window.min_replicas if window else None,
                 window_max=window.max_replicas if window else None,
                 load=loads.get(m.id),
@@ -272,6 +273,7 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
             "busy_since": outcome.scaling.busy_since,
             "quiet_since": outcome.scaling.quiet_since,
             "observed_per_replica": outcome.scaling.observed_per_replica,
+            "crowded_since": outcome.scaling.crowded_since,
         }
         if outcome.scaled is not None:
             before, after, why = outcome.scaled

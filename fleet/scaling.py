@@ -9,14 +9,19 @@ metrics endpoint.
   measured capacity) more requests in flight than capacity × replicas. Busy for
   ``scale_up_after_s`` adds one replica, never past the ceiling, never while one of the
   model's replicas is still placing or starting; the timer then restarts.
-* Quiet: nothing waiting, a replica added by load to take back, and the remaining replicas
-  would stay under 70% of their capacity: the measured one, or else the one *observed* —
-  the most requests a ready replica was seen running while others waited (a replica with a
-  queue is full). Quiet for ``scale_down_after_s`` takes one back; the timer then restarts.
-  Without that check "quiet" would only mean "nothing waiting", and a steady load between
-  one and two replicas' worth would scale down, queue, scale up again, forever (the seed
-  flaps so; ``tests/test_simulator.py`` shows it no longer does).
-* Anything else resets both timers.
+* Quiet: nothing waiting and a replica added by load to take back. Quiet for
+  ``scale_down_after_s`` takes one back (the timer then restarts) if at that pass the
+  remaining replicas would stay under 70% of their capacity: the measured one, or else the
+  one *observed* — the most requests a ready replica was seen running while others waited
+  (a replica with a queue is full; learned afresh each time load adds replicas).
+* Crowded: nothing waiting, but the remaining replicas would be over those 70%. A crowded
+  spell as long as ``scale_up_after_s`` means the replicas are needed: the quiet timer
+  restarts. A shorter one (a spike) leaves it running. Without this, "quiet" would only mean
+  "nothing waiting", and a steady load between one and two replicas' worth would scale down,
+  queue, scale up again, forever (the seed flaps so; ``tests/test_simulator.py`` shows it no
+  longer does); judging each pass alone instead, one request too many in any pass would
+  restart the timer, and a light load on replicas of few slots would never scale down.
+* Anything else resets all timers.
 """
 
 from __future__ import annotations
@@ -53,12 +58,14 @@ class Load:
 class ScalingState:
     """What a model remembers between passes (stored in ModelState). ``observed_per_replica``:
     the most requests one ready replica was seen running while requests waited (its
-    capacity, learned without a benchmark); None until a queue was seen."""
+    capacity, learned without a benchmark); None until a queue was seen. ``crowded_since``:
+    since when, with nothing waiting, fewer replicas would be over 70% of capacity."""
 
     extra: int = 0
     busy_since: datetime | None = None
     quiet_since: datetime | None = None
     observed_per_replica: int | None = None
+    crowded_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,9 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
         load.running <= SCALE_DOWN_HEADROOM * capacity * max(load.replicas - 1, 0)
     )
 
-    def keep(extra: int, busy_since: datetime | None = None, quiet_since: datetime | None = None) -> ScalingState:
-        return ScalingState(extra, busy_since, quiet_since, observed)
+    def keep(extra: int, busy_since: datetime | None = None, quiet_since: datetime | None = None,
+             crowded_since: datetime | None = None) -> ScalingState:
+        return ScalingState(extra, busy_since, quiet_since, observed, crowded_since)
 
     if waiting_per_replica >= policy.scale_up_waiting or over_measured:
         if state.busy_since is None:
@@ -121,7 +129,12 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
                 why = f"{waiting_per_replica:.1f} waiting per replica for {_fmt(busy_for)}"
             return Step(keep(extra + 1, busy_since=now), current, current + 1, "scale up: " + why)
         return Step(keep(extra, busy_since=state.busy_since))
-    if load.waiting == 0 and extra > 0 and fits_in_fewer:
+    if load.waiting == 0 and extra > 0 and not fits_in_fewer:
+        crowded_since = state.crowded_since or now
+        if (now - crowded_since).total_seconds() >= policy.scale_up_after_s:
+            return Step(keep(extra, crowded_since=crowded_since))  # needed: the quiet timer restarts
+        return Step(keep(extra, quiet_since=state.quiet_since, crowded_since=crowded_since))  # a spike
+    if load.waiting == 0 and extra > 0:
         if state.quiet_since is None:
             return Step(keep(extra, quiet_since=now))
         quiet_for = (now - state.quiet_since).total_seconds()
@@ -131,6 +144,8 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
                 source = "measured" if measured_per_replica is not None else "seen at saturation"
                 why += (f" ({load.running} in flight fit in {load.replicas - 1} × {capacity} {source}"
                         f" at {SCALE_DOWN_HEADROOM:.0%})")
+            if extra == 1:
+                observed = None  # back at base: learn afresh next time (the engine may change)
             return Step(keep(extra - 1, quiet_since=now), current, current - 1, why)
         return Step(keep(extra, quiet_since=state.quiet_since))
     return Step(keep(extra))

@@ -119,6 +119,26 @@ def test_without_a_benchmark_a_queue_teaches_the_capacity_and_it_blocks_a_scale_
     assert "2 in flight fit in 1 × 4 seen at saturation at 70%" in taken[0][3]
 
 
+def test_a_light_load_on_replicas_of_one_slot_still_scales_down():
+    # Capacity 1: with two replicas, any pass running 1 would crowd a single one (1 > 0.7).
+    # Spikes shorter than scale-up-after leave the quiet timer running.
+    samples = [(t, quiet(2, running=1 if t % 25 == 10 else 0)) for t in range(0, 305, 5)]
+    taken, state = run(samples, state=ScalingState(extra=1, observed_per_replica=1))
+    assert [(t, a, b) for t, a, b, _ in taken] == [(300, 2, 1)]
+    assert state.observed_per_replica is None  # back at base: learned afresh next time
+
+
+def test_a_crowded_spell_as_long_as_scale_up_after_restarts_the_quiet_timer():
+    state = ScalingState(extra=1, observed_per_replica=1)
+    samples = [(0, quiet(2, 0)), (100, quiet(2, 1)), (120, quiet(2, 1)), (129, quiet(2, 1)), (130, quiet(2, 1)),
+               (140, quiet(2, 0)), (400, quiet(2, 0)), (439, quiet(2, 0)), (440, quiet(2, 0))]
+    taken, state = run(samples, state=state)
+    assert [(t, a, b) for t, a, b, _ in taken] == [(440, 2, 1)]  # quiet since 140 s, not 0 s
+    # A scale-down is never taken at a crowded pass, even when the quiet timer has run out.
+    taken, _ = run([(0, quiet(2, 0)), (300, quiet(2, 1))], state=ScalingState(extra=1, observed_per_replica=1))
+    assert taken == []
+
+
 def test_the_learned_capacity_is_the_most_seen_and_survives_unknown_load_and_idle_spells():
     taken, state = run([(0, Load(2, 3, 2)), (10, Load(2, 8, 1)), (20, Load(2, 5, 4)), (30, None), (40, quiet(2, 0)),
                         (50, Load(1, 0, 2))])  # nothing running while waiting (loading) teaches nothing

@@ -28,5 +28,5 @@ def recompute(apps, schema_editor, rows=(("fleet", "Agent", "token_prefix"), ("f
 
 
 class Migration(migrations.Migration):
-    dependencies = [("fleet", "0006_observed_capacity")]
+    dependencies = [("fleet", "0006_scaling_memory")]
     operations = [migrations.RunPython(recompute, migrations.RunPython.noop)]

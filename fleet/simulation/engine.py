@@ -142,6 +142,7 @@ class _Model:
         self.busy_since: datetime | None = None
         self.quiet_since: datetime | None = None
         self.observed: int | None = None
+        self.crowded_since: datetime | None = None
         self.unservable = False
         self.window_min: int | None = None
         self.window_max: int | None = None
@@ -509,7 +510,7 @@ class Simulator:
         demand, nothing held, default scaling memory, and either cold (nothing active, a
         floor of 0) or fixed-size with all its replicas (not on demand, max ≤ min)."""
         if (m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None
-                or m.unservable):
+                or m.crowded_since is not None or m.unservable):
             return False
         low = m.window_min if m.window_min is not None else m.spec.min_replicas
         if m.active == 0 and low == 0:
@@ -540,7 +541,7 @@ class Simulator:
             base = planner.base_replicas(view, policy, now)
             if view.on_demand and view.wanted_at is not None and base == 0 and planner.min_replicas_now(view) == 0:
                 return False
-            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed)
+            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since)
             ceiling = view.window_max if view.window_max else view.max_replicas
             step = evaluate(base, ceiling, view.load, view.measured_per_replica, m.coming_up > 0, state, now,
                             policy.scaling)
@@ -563,6 +564,8 @@ class Simulator:
             due.append(view.busy_since + timedelta(seconds=policy.scaling.scale_up_after_s))
         if view.quiet_since is not None:
             due.append(view.quiet_since + timedelta(seconds=policy.scaling.scale_down_after_s))
+        if view.crowded_since is not None:
+            due.append(view.crowded_since + timedelta(seconds=policy.scaling.scale_up_after_s))
         return min((d for d in due if d > now), default=FOREVER)
 
     def _load(self, m: _Model) -> tuple[int, int, int] | None:
@@ -579,7 +582,8 @@ class Simulator:
         if m.wanted_s is not None and m.wanted_dt is None:
             m.wanted_dt = self.at(m.wanted_s)
         load = self._load(m)
-        key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, m.observed, load)
+        key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, m.observed,
+               m.crowded_since, load)
         if key != m.view_key:
             spec = m.spec
             m.view = planner.ModelView(
@@ -587,7 +591,7 @@ class Simulator:
                 max_replicas=spec.max_replicas, on_demand=spec.on_demand, idle_timeout_s=spec.idle_timeout_s,
                 wanted_at=m.wanted_dt, window_min=m.window_min, window_max=m.window_max,
                 extra_replicas=m.extra, busy_since=m.busy_since, quiet_since=m.quiet_since,
-                observed_per_replica=m.observed, load=Load(*load) if load else None,
+                observed_per_replica=m.observed, crowded_since=m.crowded_since, load=Load(*load) if load else None,
                 measured_per_replica=spec.latency.slots if spec.latency.measured else None,
             )
             m.view_key = key
@@ -647,7 +651,7 @@ class Simulator:
                         b.desired, b.unservable, b.forget_demand, b.scaling, b.scaled):
                     raise AssertionError(f"at {t:.3f} s {m.spec.name}: shortcut {a} != full {b}")
             elif (b.scaled or b.forget_demand or b.unservable != m.unservable or b.desired != m.active
-                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed)):
+                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since)):
                 raise AssertionError(f"at {t:.3f} s the full pass changed {m.spec.name}, which the shortcut "
                                      f"left alone: {b}")
 
@@ -682,6 +686,7 @@ class Simulator:
             m.busy_since = outcome.scaling.busy_since
             m.quiet_since = outcome.scaling.quiet_since
             m.observed = outcome.scaling.observed_per_replica
+            m.crowded_since = outcome.scaling.crowded_since
             m.unservable = outcome.unservable
             if outcome.forget_demand:
                 m.wanted_s = m.wanted_dt = None
