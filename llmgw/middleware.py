@@ -19,21 +19,31 @@ LOG_EVERY_S = 10.0
 
 class _OutageLog:
     """Rate-limited warnings: the first failure at once, then one line per ``LOG_EVERY_S``
-    saying how many requests were answered 503 in between."""
+    saying how many requests were answered 503 in between. Failures further apart than
+    that belong to separate outages: the earlier one's count is told as such."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last = float("-inf")
+        self._last_warned = float("-inf")
+        self._last_failed = float("-inf")
+        self._last_failed_wall = 0.0
         self._quiet = 0
 
     def note(self, request: HttpRequest, exception: Exception) -> None:
         now = time.monotonic()
         with self._lock:
-            if now - self._last < LOG_EVERY_S:
+            new_outage = now - self._last_failed > LOG_EVERY_S
+            ended_wall, self._last_failed, self._last_failed_wall = self._last_failed_wall, now, time.time()
+            if not new_outage and now - self._last_warned < LOG_EVERY_S:
                 self._quiet += 1
                 return
-            quiet, self._quiet, self._last = self._quiet, 0, now
-        more = f" ({quiet} more request(s) answered 503 since the last warning)" if quiet else ""
+            quiet, self._quiet, self._last_warned = self._quiet, 0, now
+        more = ""
+        if quiet and new_outage:
+            ended = time.strftime("%H:%M:%S", time.localtime(ended_wall))
+            more = f" (the previous outage answered {quiet} more request(s) 503, the last at {ended})"
+        elif quiet:
+            more = f" ({quiet} more request(s) answered 503 since the last warning)"
         log.warning("database unavailable for %s %s: %s%s", request.method, request.path, exception, more)
 
 

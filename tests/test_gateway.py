@@ -190,3 +190,11 @@ def test_a_database_outage_is_answered_503_and_logged_once_per_interval_not_per_
         mw.process_exception(request, OperationalError("connection refused"))
     assert {a.status_code for a in answers} == {503} and answers[0]["Retry-After"] == "2"
     assert len(caplog.records) == 2 and "49 more request(s)" in caplog.records[1].getMessage()
+    # A day later, another outage: its first failure is told at once, the earlier count as such.
+    with caplog.at_level(logging.WARNING, logger="llmgw.middleware"):
+        for _ in range(3):
+            mw.process_exception(request, OperationalError("connection refused"))
+        clock[0] += 86400
+        mw.process_exception(request, OperationalError("connection refused"))
+    assert len(caplog.records) == 3
+    assert "the previous outage answered 3 more request(s) 503" in caplog.records[2].getMessage()
