@@ -75,11 +75,22 @@ def watchdog() -> None:
         async_task("fleet.tasks.tick")
 
 
-def register_schedules(**kwargs) -> None:
+def schedules_table_ready(using: str = "default") -> bool:
+    """Whether django-q's schedule table exists: ``migrate fleet`` alone on a new database
+    (or ``migrate django_q zero``) sends fleet's post_migrate without it."""
+    from django.db import connections
+    from django_q.models import Schedule
+
+    return Schedule._meta.db_table in connections[using].introspection.table_names()
+
+
+def register_schedules(using: str = "default", **kwargs) -> None:
     """Create or update the watchdog schedule (connected to post_migrate)."""
     from django_q.models import Schedule
 
-    Schedule.objects.update_or_create(
+    if not schedules_table_ready(using):
+        return
+    Schedule.objects.using(using).update_or_create(
         name=WATCHDOG_NAME,
         defaults={
             "func": "fleet.tasks.watchdog",

@@ -5,6 +5,7 @@ nothing from each other. Run hourly by django-q (:func:`register_schedule`)."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.db import models
@@ -16,14 +17,16 @@ SCHEDULE_NAME = "llmgw history retention"
 #: Rows deleted per statement: short transactions, so SQLite's single writer (the web
 #: process's usage flush, agent reports) never waits long behind a prune.
 BATCH_ROWS = 2000
-#: Most rows deleted per table per run; a backlog is worked off over the next runs.
-MAX_ROWS_PER_RUN = 100_000
+#: Seconds one run may spend deleting, inside django-q's 60 s task timeout; a backlog
+#: larger than that (millions of rows) is worked off over the next hourly runs.
+TIME_BUDGET_S = 40.0
 
 
-def _delete_in_batches(queryset: models.QuerySet, limit: int) -> int:
+def _delete_in_batches(queryset: models.QuerySet, deadline: float, limit: int | None) -> int:
     deleted = 0
-    while deleted < limit:
-        pks = list(queryset.order_by().values_list("pk", flat=True)[:min(BATCH_ROWS, limit - deleted)])
+    while (limit is None or deleted < limit) and time.monotonic() < deadline:
+        size = BATCH_ROWS if limit is None else min(BATCH_ROWS, limit - deleted)
+        pks = list(queryset.order_by().values_list("pk", flat=True)[:size])
         if not pks:
             break
         queryset.model.objects.filter(pk__in=pks).delete()
@@ -31,8 +34,10 @@ def _delete_in_batches(queryset: models.QuerySet, limit: int) -> int:
     return deleted
 
 
-def prune_history(now: datetime | None = None, max_rows: int = MAX_ROWS_PER_RUN) -> dict[str, int]:
-    """Delete history older than ``ClusterSettings.history_retention_days`` (0 keeps all).
+def prune_history(now: datetime | None = None, max_rows: int | None = None,
+                  budget_s: float = TIME_BUDGET_S) -> dict[str, int]:
+    """Delete history older than ``ClusterSettings.history_retention_days`` (0 keeps all),
+    in batches, for at most ``budget_s`` seconds (and ``max_rows`` per table, if given).
 
     Returns ``{"usage_records": n, "scaling_events": n, "replicas": n}``, rows deleted. Only
     replicas that ended (stopped, failed) go; the reconciler looks back one hour for crash
@@ -47,21 +52,27 @@ def prune_history(now: datetime | None = None, max_rows: int = MAX_ROWS_PER_RUN)
     if not days:
         return counts
     cutoff = (now or timezone.now()) - timedelta(days=days)
-    counts["usage_records"] = _delete_in_batches(UsageRecord.objects.filter(at__lt=cutoff), max_rows)
-    counts["scaling_events"] = _delete_in_batches(ScalingEvent.objects.filter(at__lt=cutoff), max_rows)
+    deadline = time.monotonic() + budget_s
     ended = [ReplicaState.STOPPED.value, ReplicaState.FAILED.value]
+    # Scaling events and replicas first: few rows; usage records may be millions.
+    counts["scaling_events"] = _delete_in_batches(ScalingEvent.objects.filter(at__lt=cutoff), deadline, max_rows)
     counts["replicas"] = _delete_in_batches(
-        Replica.objects.filter(state__in=ended, state_changed_at__lt=cutoff), max_rows)
+        Replica.objects.filter(state__in=ended, state_changed_at__lt=cutoff), deadline, max_rows)
+    counts["usage_records"] = _delete_in_batches(UsageRecord.objects.filter(at__lt=cutoff), deadline, max_rows)
     if any(counts.values()):
         log.info("history older than %d days deleted: %s", days, counts)
     return counts
 
 
-def register_schedule(**kwargs) -> None:
+def register_schedule(using: str = "default", **kwargs) -> None:
     """Create or update the hourly retention schedule (connected to post_migrate)."""
     from django_q.models import Schedule
 
-    Schedule.objects.update_or_create(
+    from fleet.tasks import schedules_table_ready
+
+    if not schedules_table_ready(using):
+        return
+    Schedule.objects.using(using).update_or_create(
         name=SCHEDULE_NAME,
         defaults={"func": "llmgw.retention.prune_history", "schedule_type": Schedule.HOURLY, "repeats": -1},
     )

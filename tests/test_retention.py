@@ -3,6 +3,7 @@ live replicas, recent rows and a zero (keep forever) setting are left alone."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 
 import pytest
@@ -61,8 +62,36 @@ def test_a_backlog_is_deleted_in_bounded_runs(make_model, monkeypatch):
     assert not UsageRecord.objects.exists()
 
 
+def test_a_run_stops_at_its_time_budget_and_the_next_goes_on(make_model, monkeypatch):
+    monkeypatch.setattr(retention, "BATCH_ROWS", 10)
+    old = timezone.now() - timedelta(days=40)
+    UsageRecord.objects.bulk_create([UsageRecord(at=old, model_name="m", path="completions", status=200, total_ms=1)
+                                     for _ in range(30)])
+    clock = itertools.count()  # every look at the clock: one second later
+    monkeypatch.setattr(retention.time, "monotonic", lambda: float(next(clock)))
+    # Clock reads: the deadline (0 s), scaling events (1 s), replicas (2 s), then one per
+    # batch of usage records: 3 s and 4 s fit in a 4.5 s budget, 5 s does not.
+    assert retention.prune_history(budget_s=4.5)["usage_records"] == 20
+    assert retention.prune_history(budget_s=4.5)["usage_records"] == 10
+    assert not UsageRecord.objects.exists()
+
+
 def test_migrating_registers_the_hourly_schedule():
     from django_q.models import Schedule
 
     schedule = Schedule.objects.get(name=retention.SCHEDULE_NAME)
     assert schedule.func == "llmgw.retention.prune_history" and schedule.schedule_type == Schedule.HOURLY
+
+
+def test_migrating_fleet_alone_on_a_new_database_does_not_trip_on_the_missing_schedule_table(tmp_path):
+    """``migrate fleet`` sends fleet's post_migrate before django-q's tables may exist."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LLMGW_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "llmgw.settings"}
+    env.pop("LLMGW_DATABASE_URL", None)
+    env.pop("LLMGW_SQLITE_PATH", None)
+    for argv in (["migrate", "fleet"], ["migrate"]):
+        done = subprocess.run([sys.executable, "manage.py", *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
