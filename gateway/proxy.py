@@ -382,6 +382,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
         buffer = b""
         status = upstream.status
         complete_stream = False
+        done_sent = False  # the client has the stream's last event: it may hang up now
         try:
             async for chunk in upstream.content.iter_any():
                 if ex.ttft_s is None:
@@ -389,6 +390,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
                 out = []
+                ends = False
                 for event in complete:
                     if b'"usage"' in event:  # only these are parsed (usage, and the chunk to strip)
                         data = sse.event_json(event)
@@ -400,9 +402,12 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                             ex.content_chunks += 1
                     elif sse.may_have_content(event):
                         ex.content_chunks += 1
+                    elif sse.is_done(event):
+                        ends = True
                     out.append(event)
                 if out:
                     yield b"".join(out)
+                    done_sent = done_sent or ends  # handed to the server
             if buffer:
                 yield buffer
             complete_stream = True
@@ -415,7 +420,8 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                                "param": None, "code": "upstream_stream_broken"}}
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
         except (asyncio.CancelledError, GeneratorExit):
-            status = 499  # the client went away; closing the upstream tells the engine
+            if not done_sent:  # after [DONE], a client closing before the engine's EOF is done
+                status = 499  # the client went away; closing the upstream tells the engine
             raise
         finally:
             if complete_stream:

@@ -42,6 +42,13 @@ def event_json(event: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def is_done(event: bytes) -> bool:
+    """The ``data: [DONE]`` event that ends an OpenAI stream."""
+    if b"[DONE]" not in event:
+        return False
+    return any(line[5:].strip() == b"[DONE]" for line in event.splitlines() if line.startswith(b"data:"))
+
+
 def is_usage_only(data: dict) -> bool:
     """The final chunk ``stream_options.include_usage`` adds: no choices, a usage object."""
     return not data.get("choices") and isinstance(data.get("usage"), dict)

@@ -256,6 +256,8 @@ class Engine:
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 await self.write_event(writer, dumps({**head, "choices": [], "usage": usage}))
             await self.write_event(writer, b"[DONE]")
+            if self.args.linger_after_done_ms:  # the end of the body comes a little later
+                await asyncio.sleep(self.args.linger_after_done_ms / 1000)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         finally:
@@ -346,6 +348,7 @@ def parse_args(argv=None):
     p.add_argument("--split-bytes", action="store_true")
     p.add_argument("--tool-call", action="store_true")
     p.add_argument("--exit-after-s", type=float, default=0.0)
+    p.add_argument("--linger-after-done-ms", type=float, default=0.0)
     return p.parse_args(argv)
 
 

@@ -18,15 +18,18 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 @pytest.fixture(scope="module")
 def servers(django_db_setup, django_db_blocker, tmp_path_factory):
     logs = tmp_path_factory.mktemp("gateway-logs")
-    engine_port, slow_port, web_port = free_port(), free_port(), free_port()
+    engine_port, slow_port, linger_port, web_port = free_port(), free_port(), free_port(), free_port()
     engine = fake_engine(engine_port, logs, "--tokens", "8")
     slow = fake_engine(slow_port, logs, "--tokens", "5", "--token-delay-ms", "300")
+    linger = fake_engine(linger_port, logs, "--tokens", "3", "--linger-after-done-ms", "700")
     web = daphne(web_port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
                                       "LLMGW_COLD_START_TIMEOUT": "2s"})
     wait_for_port(engine_port, proc=engine.proc)
     wait_for_port(slow_port, proc=slow.proc)
-    yield {"engine": engine_port, "slow": slow_port, "url": f"http://127.0.0.1:{web_port}", "web": web}
-    for proc in (web, engine, slow):
+    wait_for_port(linger_port, proc=linger.proc)
+    yield {"engine": engine_port, "slow": slow_port, "linger": linger_port, "url": f"http://127.0.0.1:{web_port}",
+           "web": web}
+    for proc in (web, engine, slow, linger):
         proc.stop()
 
 
@@ -198,3 +201,20 @@ def test_a_database_outage_is_answered_503_and_logged_once_per_interval_not_per_
         mw.process_exception(request, OperationalError("connection refused"))
     assert len(caplog.records) == 3
     assert "the previous outage answered 3 more request(s) 503" in caplog.records[2].getMessage()
+
+
+def test_a_stream_the_client_closes_right_after_done_is_recorded_as_served_not_499(client, servers, make_model):
+    """The openai SDK hangs up once it reads [DONE]; an engine may end its body a moment
+    later. The client had everything: that request was served."""
+    from gateway.models import UsageRecord
+
+    wait_routed(client, serve(make_model("linger-model"), servers["linger"]))
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"model": "linger-model", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # leaving the block closes the connection before the engine's EOF
+    wait_until(lambda: UsageRecord.objects.filter(model_name="linger-model", stream=True).exists(), timeout_s=10,
+               what="the stream's usage record")
+    record = UsageRecord.objects.get(model_name="linger-model", stream=True)
+    assert record.status == 200 and record.completion_tokens == 3
