@@ -35,7 +35,7 @@ from django.utils import timezone
 from catalog.models import Model
 from fleet.demand import want
 from fleet.live import Endpoint, ModelStatus, usage, watcher
-from gateway import cache, metrics, sse
+from gateway import cache, metrics, sse, validation
 from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
 from gateway.routing import choose
@@ -44,7 +44,8 @@ from gateway.usage import usage_records
 log = logging.getLogger(__name__)
 
 _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = weakref.WeakKeyDictionary()
-_FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "openai-organization", "openai-project")
+# Not content-type: the body is JSON whatever the client said (curl -d says form data).
+_FORWARDED_REQUEST_HEADERS = ("accept", "openai-organization", "openai-project")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
 _STREAMABLE = ("chat/completions", "completions")
 
@@ -158,8 +159,11 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     if isinstance(body, HttpResponse):
         return ex.answer(body)
     name = body.get("model")
-    if not isinstance(name, str) or not name:
+    if name is None or name == "":
         return ex.answer(openai_error(400, "You must provide a model parameter.", code="missing_model", param="model"))
+    if not isinstance(name, str):
+        return ex.answer(openai_error(400, f"Invalid type for 'model': expected a string, but got "
+                                           f"{validation.kind_of(name)} instead.", code="invalid_type", param="model"))
     ex.model_name = name
     view = watcher.view if watcher.view.version else await watcher.refresh_now()
     if view.stopped:
@@ -173,6 +177,10 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     ex.model_label = model.name
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
+    problem = validation.check(path, body)
+    if problem is not None:
+        param, message, code = problem
+        return ex.answer(openai_error(400, message, code=code, param=param))
     generates = any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
     ex.stream = bool(body.get("stream")) and generates
     content, strip_usage = _upstream_body(body, request.body, ex.stream, generates and not model.is_external,
@@ -292,7 +300,7 @@ def _upstream_headers(request: HttpRequest) -> dict[str, str]:
         value = request.headers.get(name)
         if value:
             headers[name] = value
-    headers.setdefault("content-type", "application/json")
+    headers["content-type"] = "application/json"
     return headers
 
 
@@ -345,6 +353,18 @@ def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extr
         response[name] = value
 
 
+def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse:
+    """An engine's error that is not in OpenAI's shape, in it (same status)."""
+    detail = parsed.get("detail") if isinstance(parsed, dict) else None
+    text = (detail if isinstance(detail, str) else json.dumps(detail) if detail is not None
+            else raw.decode("utf-8", "replace").strip())[:300]
+    if status == 404:
+        return openai_error(404, f"The engine serving '{ex.model_label}' has no endpoint /v1/{ex.path}"
+                                 + (f" ({text})" if text else "") + ".", code="unknown_endpoint")
+    return openai_error(status, f"The engine serving '{ex.model_label}' answered {status}"
+                                + (f": {text}" if text else "") + ".", code="engine_error")
+
+
 async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
                  extra: dict[str, str]) -> HttpResponse:
     content_type = upstream.headers.get("content-type", "application/json")
@@ -366,11 +386,18 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
             if replica_id is not None:
                 usage.end(replica_id)
         ex.ttft_s = time.monotonic() - ex.started
+        parsed = None
         if "json" in content_type:
             try:
-                ex.note_usage(json.loads(body))
+                parsed = json.loads(body)
+                ex.note_usage(parsed)
             except ValueError:
                 pass
+        if upstream.status >= 400 and not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
+            # Not OpenAI's shape (FastAPI's {"detail": …}, a proxy's HTML page): put it in it.
+            error = _engine_error(upstream.status, ex, parsed, body)
+            _copy_headers(upstream, error, extra)
+            return ex.answer(error)
         response = HttpResponse(body, status=upstream.status, content_type=content_type)
         _copy_headers(upstream, response, extra)
         return ex.answer(response)

@@ -7,7 +7,8 @@ keep-alive), so it starts in a few tens of milliseconds.
 
 Endpoints: GET /v1/models, GET /health, GET /metrics (per --metrics-kind),
 POST /v1/chat/completions, POST /v1/completions (both with SSE streaming),
-POST /v1/embeddings.  Everything else is a 404 in OpenAI error shape.
+POST /v1/embeddings.  Everything else is a 404 as FastAPI apps answer it (vLLM,
+llama-cpp-python): {"detail": "Not Found"}, not OpenAI's shape.
 
 Output is --tokens tokens "tok0 tok1 ..." (or the characters of --text),
 capped by the request's max_tokens.  --capacity limits concurrent requests
@@ -76,6 +77,7 @@ class Engine:
                 method, path, headers, body = req
                 keep = headers.get("connection", "").lower() != "close"
                 self.authorization = headers.get("authorization", "")
+                self.content_type = headers.get("content-type", "")
                 keep = await self.dispatch(method, path, body, reader, writer, keep) and keep
                 if not keep:
                     break
@@ -101,8 +103,7 @@ class Engine:
             return await send(writer, 200, self.metrics_text().encode(),
                               "text/plain; version=0.0.4; charset=utf-8", keep)
         if method != "POST" or path not in INFERENCE_PATHS:
-            return await send_json(writer, 404, error_body(
-                f"Not found: {method} {path}", "not_found_error", 404), keep)
+            return await send_json(writer, 404, {"detail": "Not Found"}, keep)
         try:
             req = json.loads(body or b"{}")
             if not isinstance(req, dict):
@@ -113,6 +114,7 @@ class Engine:
         stream = bool(req.get("stream"))
         self.record("request", path=path, model=req.get("model"), stream=stream,
                     authorization=getattr(self, "authorization", ""),
+                    content_type=getattr(self, "content_type", ""),
                     stream_options=req.get("stream_options"), max_tokens=req.get("max_tokens"),
                     max_completion_tokens=req.get("max_completion_tokens"))
         if self.args.fail_status:

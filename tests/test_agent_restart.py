@@ -16,6 +16,8 @@ from fleet.models import Replica
 from tests.cluster import fake_profile, live_cluster_fixture
 from tests.processes import wait_until
 
+HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
+
 pytestmark = [pytest.mark.timeout(120)]
 
 
@@ -39,7 +41,7 @@ def test_engines_keep_serving_through_an_agent_restart(live):
         body = b""
         with httpx.Client(base_url=live.url, timeout=60) as client:
             with client.stream("POST", "/v1/chat/completions",
-                               json={"model": "steady", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+                               json={"model": "steady", "stream": True, "messages": HI}) as r:
                 result["status"] = r.status_code
                 for chunk in r.iter_raw():
                     body += chunk
@@ -64,4 +66,4 @@ def test_engines_keep_serving_through_an_agent_restart(live):
     assert replica.state == "ready" and replica.pid == pid
     assert Replica.objects.filter(model=model).count() == 1  # nothing placed anew
     with httpx.Client(base_url=live.url, timeout=30) as client:
-        assert client.post("/v1/chat/completions", json={"model": "steady", "messages": []}).status_code == 200
+        assert client.post("/v1/chat/completions", json={"model": "steady", "messages": HI}).status_code == 200

@@ -12,6 +12,8 @@ from django.utils import timezone
 from fleet.models import Agent, ModelState, Replica
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 
+HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
+
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
@@ -67,7 +69,7 @@ def wait_routed(client, replica: Replica) -> None:
     name = replica.model.name
 
     def routed():
-        r = client.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "x"}]})
+        r = client.post("/v1/chat/completions", json={"model": name, "messages": HI})
         return r.status_code == 200 and routed_to(r, replica)
     wait_until(routed, timeout_s=10, what=f"{name} to be routed to replica {replica.pk}")
 
@@ -122,13 +124,13 @@ def test_malformed_json_is_a_400(client):
 
 
 def test_missing_model_is_a_400(client):
-    r = client.post("/v1/chat/completions", json={"messages": []})
+    r = client.post("/v1/chat/completions", json={"messages": HI})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "model"
 
 
 def test_unknown_model_is_a_404_model_not_found(client, db):
-    r = client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+    r = client.post("/v1/chat/completions", json={"model": "nope", "messages": HI})
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found"
 
@@ -138,7 +140,7 @@ def test_no_ready_replica_is_a_503_with_the_placement_reason(client, make_model)
     reason = "no agent has 2 free GPUs of 40 GiB; gpu-1: 1 free"
     ModelState.objects.create(model=m, desired=1, unservable=True, reason=reason)
     time.sleep(0.2)
-    r = client.post("/v1/chat/completions", json={"model": "big-model", "messages": []})
+    r = client.post("/v1/chat/completions", json={"model": "big-model", "messages": HI})
     assert r.status_code == 503
     assert reason in r.json()["error"]["message"]
 
@@ -146,7 +148,7 @@ def test_no_ready_replica_is_a_503_with_the_placement_reason(client, make_model)
 def test_a_dead_replica_is_a_502_not_a_500(client, make_model):
     serve(make_model("dead-model"), free_port())
     time.sleep(0.3)
-    r = client.post("/v1/chat/completions", json={"model": "dead-model", "messages": []})
+    r = client.post("/v1/chat/completions", json={"model": "dead-model", "messages": HI})
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_unreachable"
 
@@ -163,7 +165,7 @@ def test_a_stopped_cluster_answers_503_system_stopped_and_still_lists_models(cli
     stop_cluster("test")
     try:
         def stopped():
-            return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": []}).status_code == 503
+            return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": HI}).status_code == 503
         wait_until(stopped, timeout_s=5, what="the stop to reach the gateway")
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/anything/else"):
             r = client.post(path, json={"model": "fake-model"})
@@ -210,7 +212,7 @@ def test_a_stream_the_client_closes_right_after_done_is_recorded_as_served_not_4
 
     wait_routed(client, serve(make_model("linger-model"), servers["linger"]))
     with client.stream("POST", "/v1/chat/completions",
-                       json={"model": "linger-model", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+                       json={"model": "linger-model", "stream": True, "messages": HI}) as r:
         for line in r.iter_lines():
             if line == "data: [DONE]":
                 break  # leaving the block closes the connection before the engine's EOF

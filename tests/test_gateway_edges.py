@@ -23,6 +23,8 @@ from gateway.models import ApiKey, UsageRecord
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 from tests.test_gateway import routed_to, serve
 
+HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
+
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 TEXT = "Ünïcödé € ✓ 日本"
@@ -101,23 +103,23 @@ def test_a_missing_or_wrong_key_is_a_401(servers, models, key):
 
 def test_a_revoked_key_fails_within_one_refresh(servers, models):
     obj, clear = ApiKey.create_key("soon-revoked")
-    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear).status_code == 200
+    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, clear).status_code == 200
     obj.revoke()
     time.sleep(0.3)  # keys are cached per process, refreshed with the routing table (50 ms here, 0.2 s by default)
-    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear)
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, clear)
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
 def test_an_expired_key_is_a_401(servers, models):
     _, clear = ApiKey.create_key("old", expires_at=timezone.now() - timedelta(seconds=1))
-    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear)
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, clear)
     assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
 
 
 def test_a_key_limited_to_some_models_gets_403_for_others(servers, models):
     _, clear = ApiKey.create_key("narrow", ["plain"])
-    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, clear).status_code == 200
-    r = post(servers, "/v1/chat/completions", {"model": "utf8", "messages": []}, clear)
+    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, clear).status_code == 200
+    r = post(servers, "/v1/chat/completions", {"model": "utf8", "messages": HI}, clear)
     assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
     client = openai.OpenAI(base_url=servers["url"] + "/v1", api_key=clear, max_retries=0)
     with pytest.raises(openai.PermissionDeniedError):
@@ -138,7 +140,7 @@ def test_an_external_model_is_forwarded_under_its_own_key(oai, servers):
 
 def test_an_external_upstreams_error_status_comes_back_as_it_is(servers, key, models):
     Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['ports']['limited']}/v1")
-    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": []}, key)
+    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
     assert r.status_code == 429
 
 
@@ -213,7 +215,7 @@ def test_an_external_models_request_is_sent_as_the_client_wrote_it(oai, servers)
 
 def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, models):
     with socket.create_connection(("127.0.0.1", servers["ports"]["web"])) as sock:
-        body = json.dumps({"model": "slow", "stream": True, "messages": []}).encode()
+        body = json.dumps({"model": "slow", "stream": True, "messages": HI}).encode()
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         assert b"tok" in sock.recv(4096) + sock.recv(4096)
@@ -225,7 +227,7 @@ def test_a_refused_connection_is_retried_on_another_ready_replica(servers, key, 
     serve(models["plain"], free_port())  # a second "ready" replica whose port refuses
     time.sleep(0.3)
     for _ in range(6):  # whichever replica is chosen first, every request succeeds
-        assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key).status_code == 200
+        assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key).status_code == 200
 
 
 def test_an_upstream_429_stays_a_429(oai):
@@ -254,14 +256,14 @@ def test_the_async_openai_client_streams_and_gets_errors(servers, key, models):
 
 
 def test_responses_name_the_replica_and_the_overhead(servers, key, models):
-    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key)
     assert r.headers["x-llmgw-replica"].endswith("@local") and float(r.headers["x-llmgw-overhead-ms"]) < 1000
 
 
 # --- usage and metrics ----------------------------------------------------------------------------
 
 def test_usage_rows_carry_key_model_replica_tokens_and_times(servers, key, models):
-    post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
+    post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key)
     row = wait_until(lambda: UsageRecord.objects.filter(model_name="plain", status=200, stream=False,
                                                         key__name="edges").first(), timeout_s=5, what="a usage row")
     assert row.replica_id and row.prompt_tokens >= 1 and row.completion_tokens == 6
@@ -269,8 +271,8 @@ def test_usage_rows_carry_key_model_replica_tokens_and_times(servers, key, model
 
 
 def test_metrics_parse_and_count_requests_by_model_and_status(servers, key, models):
-    post(servers, "/v1/chat/completions", {"model": "plain", "messages": []}, key)
-    post(servers, "/v1/chat/completions", {"model": "no-such-model-" + "x" * 10, "messages": []}, key)
+    post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key)
+    post(servers, "/v1/chat/completions", {"model": "no-such-model-" + "x" * 10, "messages": HI}, key)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(servers["url"] + "/metrics").text)}
     labels = {(s.labels.get("model"), s.labels.get("status")) for s in families["llmgw_requests"].samples
               if s.name == "llmgw_requests_total"}
@@ -288,7 +290,7 @@ def test_usage_is_flushed_when_the_web_process_is_stopped(servers, models, tmp_p
     try:
         time.sleep(0.3)
         for _ in range(3):
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "plain", "messages": []},
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "plain", "messages": HI},
                            headers={"Authorization": f"Bearer {key}"}, timeout=30)
             assert r.status_code == 200
         assert UsageRecord.objects.filter(key__name="flush-test").count() == 0  # still in memory
@@ -307,10 +309,57 @@ def test_a_stream_the_engine_breaks_off_ends_with_an_error_event_and_is_recorded
         serve(model, port)
         time.sleep(0.3)
         with httpx.stream("POST", servers["url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                          json={"model": "dying", "stream": True, "messages": []}, timeout=30) as r:
+                          json={"model": "dying", "stream": True, "messages": HI}, timeout=30) as r:
             body = b"".join(r.iter_raw())
         assert b"tok" in body and b"upstream_stream_broken" in body and not body.rstrip().endswith(b"[DONE]")
         wait_until(lambda: UsageRecord.objects.filter(model_name="dying", status=502).exists(), timeout_s=5,
                    what="the broken stream's record")
     finally:
         dying.stop()
+
+
+# --- request shapes ------------------------------------------------------------------------------
+
+def test_a_body_sent_as_form_data_reaches_the_engine_as_json(servers, key, models):
+    """curl -d without -H Content-Type says application/x-www-form-urlencoded; engines that
+    trust the header (llama-cpp-python) would answer 500."""
+    body = json.dumps({"model": "plain", "messages": HI}).encode()
+    r = httpx.post(servers["url"] + "/v1/chat/completions", content=body, timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200
+    assert [x for x in records(servers, "plain") if x["event"] == "request"][-1]["content_type"] == "application/json"
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"messages": "hi"}, "messages", "invalid_type"),
+    ({"messages": []}, "messages", "empty_array"),
+    ({}, "messages", "missing_required_parameter"),
+    ({"messages": ["hi"]}, "messages[0]", "invalid_type"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role", "missing_required_parameter"),
+    ({"messages": HI, "max_tokens": "10"}, "max_tokens", "invalid_type"),
+    ({"messages": HI, "stream": "yes"}, "stream", "invalid_type"),
+    ({"messages": HI, "temperature": "hot"}, "temperature", "invalid_type"),
+])
+def test_a_wrongly_shaped_chat_request_is_a_400_naming_the_field_before_any_engine(servers, key, models, body, param,
+                                                                                  code):
+    before = len(records(servers, "plain"))
+    r = post(servers, "/v1/chat/completions", {"model": "plain", **body}, key)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param and r.json()["error"]["code"] == code
+    assert "Traceback" not in r.text and len(records(servers, "plain")) == before
+
+
+def test_wrongly_shaped_completions_embeddings_and_model_fields_are_400s(servers, key, models):
+    for path, body, param in [("/v1/completions", {"model": "plain", "prompt": 5}, "prompt"),
+                              ("/v1/embeddings", {"model": "plain"}, "input"),
+                              ("/v1/embeddings", {"model": "plain", "input": {"a": 1}}, "input"),
+                              ("/v1/chat/completions", {"model": 5, "messages": HI}, "model")]:
+        r = post(servers, path, body, key)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, body, r.text)
+    assert "expected a string, but got an integer" in post(servers, "/v1/chat/completions", {"model": 5}, key).text
+
+
+def test_an_endpoint_the_engine_lacks_is_a_404_in_openais_shape(servers, key, models):
+    r = post(servers, "/v1/foo", {"model": "plain"}, key)
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "unknown_endpoint" and "/v1/foo" in r.json()["error"]["message"]
+    assert r.headers["x-llmgw-replica"]  # it did reach a replica

@@ -16,10 +16,13 @@ from django.db import OperationalError
 
 from tests.processes import PYTHON, ROOT
 
+HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
+
 SHOW_SETTINGS = """
 import json, django
 django.setup()
 from django.conf import settings as s
+
 db = s.DATABASES["default"]
 print(json.dumps({"engine": db["ENGINE"], "name": db["NAME"], "health_checks": db.get("CONN_HEALTH_CHECKS"),
                   "layer": s.CHANNEL_LAYERS["default"]["BACKEND"], "layer_config": s.CHANNEL_LAYERS["default"].get("CONFIG"),
@@ -61,7 +64,7 @@ def test_a_request_that_cannot_reach_the_database_is_a_503_to_retry(client, monk
 
     monkeypatch.setattr(Model, "aresolve", classmethod(database_away))
     monkeypatch.setattr(settings, "LLMGW_GATEWAY_AUTH", False, raising=False)
-    r = client.post("/v1/chat/completions", {"model": "m", "messages": []}, content_type="application/json")
+    r = client.post("/v1/chat/completions", {"model": "m", "messages": HI}, content_type="application/json")
     assert r.status_code == 503 and r["Retry-After"] == "2"
     assert r.json()["error"]["code"] == "database_unavailable"
 
