@@ -119,16 +119,24 @@ class Group:
                 return name, proc.returncode
         return None
 
-    def stop(self, grace_s: float = 30.0) -> None:
+    #: Seconds each child may take to stop before it is killed: the agent stops its engines
+    #: (they may take a while to free a GPU); the others have nothing worth waiting for.
+    GRACE_S = {"agent": 30.0}
+    DEFAULT_GRACE_S = 8.0
+
+    def stop(self) -> None:
         # The agent first: it stops its engines and must still reach nothing else to do so.
         for name, proc in reversed(self.children):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for name, proc in self.children:
+        started = time.monotonic()
+        for name, proc in reversed(self.children):
+            deadline = started + self.GRACE_S.get(name, self.DEFAULT_GRACE_S)
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.stdout.write(f"llmgw up: {name} did not stop in time; killing it\n")
+                self.stdout.flush()
                 proc.kill()
                 proc.wait()
 
@@ -151,23 +159,28 @@ def ensure_demo_key() -> str:
     return clear
 
 
-def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group, api_key: str) -> bool:
-    """Poll with a tiny completion until the model answers; False on timeout."""
+def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group, api_key: str) -> str:
+    """Poll with a tiny completion until the model answers. Returns ``"ready"``,
+    ``"stopped"`` (the cluster is stopped: nothing will be served until ``llmgw start``),
+    ``"exited"`` (a child process died) or ``"timeout"``."""
     body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1}).encode()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if group.first_exited():
-            return False
+            return "exited"
         req = urllib.request.Request(f"{base_url}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 if resp.status == 200:
-                    return True
+                    return "ready"
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503 and b"system_stopped" in exc.read():
+                return "stopped"
         except (urllib.error.URLError, OSError, TimeoutError):
             pass
         time.sleep(2.0)
-    return False
+    return "timeout"
 
 
 def port_free(host: str, port: int) -> bool:
@@ -185,6 +198,7 @@ def port_free(host: str, port: int) -> bool:
 def run(options, stdout, stderr) -> int:
     from django_q.tasks import async_task
 
+    from catalog.models import ClusterSettings
     from fleet.models import Agent
 
     if not port_free(options["host"], options["port"]):
@@ -222,18 +236,26 @@ def run(options, stdout, stderr) -> int:
                           "--name", "local", "--stop-engines-on-exit",
                           "--state-dir", str(Path(settings.DATA_DIR) / "agent")], {**env, "LLMGW_AGENT_TOKEN": token})
     async_task("fleet.tasks.tick")
-    stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
+    cluster = ClusterSettings.get_solo()
+    if cluster.stopped:
+        when = f" at {cluster.stopped_at:%Y-%m-%d %H:%M:%S %Z}" if cluster.stopped_at else ""
+        stopped_note = (f"the cluster is STOPPED (`llmgw stop` by {cluster.stopped_by or 'someone'}{when};"
+                        " it lasts across restarts): nothing is served until `python manage.py llmgw start`")
+        stdout.write(f"llmgw up: web on {base_url}, worker and agent started; {stopped_note}\n")
+    else:
+        stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
     stdout.flush()
 
     code = 0
-    ready = False
-    if not options["no_demo"]:
-        waiter = threading.Thread(target=lambda: setattr(wait_for_model, "ok", wait_for_model(
+    outcome = "stopped" if cluster.stopped else "timeout"
+    if not options["no_demo"] and not cluster.stopped:
+        result = {}
+        waiter = threading.Thread(target=lambda: result.setdefault("outcome", wait_for_model(
             base_url, DEMO_MODEL, options["ready_timeout_s"], group, api_key)), daemon=True)
         waiter.start()
         while waiter.is_alive() and not stopping.is_set():
             waiter.join(0.5)
-        ready = getattr(wait_for_model, "ok", False)
+        outcome = result.get("outcome", "timeout")
     if not stopping.is_set():
         banner = [
             "",
@@ -243,7 +265,9 @@ def run(options, stdout, stderr) -> int:
             f"  API key:  {api_key}",
         ]
         if not options["no_demo"]:
-            state = "ready" if ready else "NOT ready yet (see the log above)"
+            state = {"ready": "ready",
+                     "stopped": "not served: the cluster is STOPPED — run `python manage.py llmgw start`"}.get(
+                outcome, "NOT ready yet (see the log above)")
             banner += [
                 f"  model:    {DEMO_MODEL} ({state})",
                 "  try it:",

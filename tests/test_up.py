@@ -1,0 +1,37 @@
+"""``llmgw up`` on a cluster an operator stopped: it says so at once (the flag lasts across
+restarts) instead of waiting for a model that will not be served, and Ctrl-C stops every
+process it started promptly. No engine runs: a stopped cluster places nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from tests.processes import PYTHON, ROOT, Proc, free_port, wait_until
+
+
+def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
+    # The embedded default in a directory of its own, whatever the pass (empty = unset).
+    env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
+           "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": ""}
+    for argv in (["migrate", "-v0"], ["llmgw", "stop"]):
+        done = subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--port", str(free_port())], tmp_path / "up.log", env=env)
+    try:
+        wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
+                   what="the banner")
+        log = up.log()
+        assert up.proc.poll() is None, log[-3000:]
+        assert "the cluster is STOPPED (`llmgw stop` by" in log and "llmgw start" in log
+        assert "not served: the cluster is STOPPED" in log
+        up.proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        up.proc.wait(timeout=45)
+        assert time.monotonic() - started < 30, up.log()[-3000:]
+    finally:
+        up.stop(timeout_s=60)
+    assert "Traceback" not in up.log(), up.log()[-5000:]
