@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 
@@ -29,3 +30,16 @@ class HashedTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return "Token"
+
+
+
+class HashedTokenScheme(OpenApiAuthenticationExtension):
+    """``Authorization: Token llmgw-api-…`` in the OpenAPI schema (drf-spectacular finds
+    extensions by subclassing; without one it warns and leaves the scheme out)."""
+
+    target_class = "fleet.api_auth.HashedTokenAuthentication"
+    name = "llmgwToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "`Token llmgw-api-…` from POST /api/auth/token/ (Bearer works too)."}

@@ -5,13 +5,27 @@ drf-spectacular), browsable at /api/schema/ui/; DRF's own browsable pages answer
 endpoint opened in a browser.
 """
 
+from django.contrib.auth.views import redirect_to_login
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework import exceptions
 from rest_framework.routers import DefaultRouter
 
 from catalog import api as catalog_api
 from fleet import api as fleet_api
 from gateway import api as gateway_api
+
+class SwaggerPage(SpectacularSwaggerView):
+    """Swagger UI; a browser that is not logged in is sent to the admin's login page and
+    back, instead of a bare 403 (the API itself still answers 401/403)."""
+
+    def handle_exception(self, exc):
+        request = self.request
+        if (isinstance(exc, (exceptions.NotAuthenticated, exceptions.PermissionDenied))
+                and not request.user.is_authenticated and "HTTP_AUTHORIZATION" not in request.META):
+            return redirect_to_login(request.get_full_path(), login_url="/admin/login/")
+        return super().handle_exception(exc)
+
 
 router = DefaultRouter()
 router.register("models", catalog_api.ModelViewSet, basename="model")
@@ -30,6 +44,6 @@ urlpatterns = [
     path("explain/<path:name>/", fleet_api.ExplainView.as_view(), name="explain"),
     path("auth/token/", fleet_api.ObtainToken.as_view(), name="auth-token"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("schema/ui/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="schema-ui"),
+    path("schema/ui/", SwaggerPage.as_view(url_name="api:schema"), name="schema-ui"),
     path("", include(router.urls)),
 ]
