@@ -125,6 +125,16 @@ def test_every_command_has_help():
         assert exc.value.code == 0
 
 
+def test_version_is_llmgws():
+    import subprocess
+
+    from tests.processes import PYTHON, ROOT
+
+    done = subprocess.run([PYTHON, "manage.py", "llmgw", "--version"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("llmgw 0.") and "Django 5.2" in done.stdout
+
+
 def fake_bin(tmp_path, name: str, body: str) -> None:
     path = tmp_path / name
     path.write_text("#!/bin/sh\n" + body)

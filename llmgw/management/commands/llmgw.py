@@ -13,6 +13,14 @@ class Command(BaseCommand):
     help = ("Operate the llmgw cluster: up, status, stop, start, restart, service, explain, keys, bench, "
             "mirror, agent, agents (and more: see the list below). `llmgw COMMAND --help` for each.")
 
+    def get_version(self) -> str:
+        """``--version``: llmgw's (and Django's), not Django's alone."""
+        import django
+
+        from fleet.agent import VERSION
+
+        return f"llmgw {VERSION} (Django {django.get_version()})"
+
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         sub = parser.add_subparsers(dest="llmgw_command", metavar="COMMAND")
