@@ -47,6 +47,24 @@ def replicas_running() -> int:
     return Replica.objects.filter(state__in=[s.value for s in HOLDS_RESOURCES]).count()
 
 
+def models_short_of_ready(since) -> list[dict] | None:
+    """Models served here with fewer ready replicas than the last reconcile pass wants, as
+    ``[{"model", "ready", "desired", "reason"}]``; None while no pass has finished since
+    ``since`` (a datetime: what it wants before then may be stale)."""
+    last = PassLock.objects.filter(pk=1).values_list("last_pass_at", flat=True).first()
+    if last is None or last < since:
+        return None
+    ready = dict(_count_by_model(ReplicaState.READY.value))
+    short = []
+    for state in ModelState.objects.select_related("model").filter(desired__gt=0).order_by("model__name"):
+        if state.model.is_external:
+            continue
+        n = ready.get(state.model_id, 0)
+        if n < state.desired:
+            short.append({"model": state.model.name, "ready": n, "desired": state.desired, "reason": state.reason})
+    return short
+
+
 def request_agent_restarts() -> list[str]:
     """Ask every connected agent to restart in place (engines keep serving). Returns their
     names. Delivered by the watcher of the web process holding each websocket."""

@@ -116,6 +116,26 @@ def test_stop_wait_times_out_with_exit_code_1(fleet):
     assert code == 1 and "still running" in err
 
 
+@pytest.mark.django_db(transaction=True)  # start's pass runs on commit (inline here: Q sync)
+def test_start_wait_waits_for_ready_replicas_and_names_the_models_short_of_them(fleet):
+    agent, always, _ = fleet
+    stop_cluster("test")
+    reconcile()
+    code, out, err = llmgw("start", "--wait", "--timeout-s", "1.5")
+    assert code == 1 and "always: 0 of 2 ready" in err and "lazy" not in err  # on demand: none wanted
+    assert "\r" not in out  # not a terminal: one line per change, no carriage returns
+    Replica.objects.filter(model=always).update(state="ready", port=1)
+    code, out, err = llmgw("start", "--wait", "--timeout-s", "5")
+    assert code == 0 and "already serving" in out and "every model has its replicas ready" in out
+
+
+def test_stop_wait_progress_is_one_line_per_change_without_a_terminal(fleet):
+    agent, always, _ = fleet
+    Replica.objects.create(model=always, profile=always.profile, agent=agent, state="ready", port=1)
+    code, out, err = llmgw("stop", "--wait", "--timeout-s", "1.2")
+    assert code == 1 and out.count("1 replica(s) still stopping") == 1 and "\r" not in out
+
+
 def test_every_command_has_help():
     from llmgw.cli import COMMANDS
 

@@ -5,6 +5,7 @@ import time
 
 from fleet.operations import replicas_running, stop_cluster
 from llmgw.cli.output import FAILED, OK
+from llmgw.cli.progress import StatusLine
 
 HELP = ("Stop the cluster: every replica drains and stops, /v1/ answers 503 system_stopped. "
         "The catalog is untouched; `llmgw start` brings it back. Exit 0 when stopped (or already), "
@@ -25,12 +26,13 @@ def run(options, stdout, stderr) -> int:
     if not options["wait"]:
         return OK
     deadline = time.monotonic() + options["timeout_s"]
+    line = StatusLine(stdout)
     while (left := replicas_running()) and time.monotonic() < deadline:
-        stdout.write(f"\r  {left} replica(s) still stopping…", ending="")
-        stdout.flush()
+        line.show(f"  {left} replica(s) still stopping…")
         time.sleep(0.5)
+    line.end()
     if left:
-        stderr.write(f"\n{left} replica(s) still running after {options['timeout_s']:.0f} s\n")
+        stderr.write(f"{left} replica(s) still running after {options['timeout_s']:.0f} s\n")
         return FAILED
-    stdout.write("\nevery engine stopped; GPUs are free\n")
+    stdout.write("every engine stopped; GPUs are free\n")
     return OK
