@@ -228,3 +228,31 @@ def test_rest_api_stops_and_starts_for_staff_only(admin_client, client):
     assert admin_client.post("/api/cluster/stop/").json() == {"stopped": True, "changed": True}
     assert admin_client.get("/api/cluster/").json()["stopped"] is True
     assert admin_client.post("/api/cluster/start/").json()["stopped"] is False
+
+
+def test_revoking_a_key_twice_says_it_already_was(db):
+    from gateway.models import ApiKey
+
+    ApiKey.create_key("alice")
+    code, out, _ = llmgw("keys", "revoke", "alice")
+    assert code == 0 and out.startswith("revoked alice")
+    code, out, _ = llmgw("keys", "revoke", "alice")
+    assert code == 0 and "alice" in out and "was already revoked, at" in out
+
+
+def test_the_gateways_own_4xx_answers_are_not_logged_as_django_warnings():
+    import logging
+
+    from django.test import RequestFactory
+
+    from llmgw.logfilters import SkipGatewayAnswers
+
+    def record(path, status, exc_info=None):
+        r = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "x", None, exc_info)
+        r.request, r.status_code = RequestFactory().post(path), status
+        return r
+
+    keep = SkipGatewayAnswers().filter
+    assert not keep(record("/v1/chat/completions", 401)) and not keep(record("/v1/x", 404))
+    assert not keep(record("/v1/chat/completions", 503))
+    assert keep(record("/v1/chat/completions", 500)) and keep(record("/api/models/", 400))

@@ -27,7 +27,8 @@ def run(options, stdout, stderr) -> int:
     stdout.write(f"{info['model']}: {info['ready']} ready of {info['desired']} desired"
                  f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''})\n")
     stdout.write(f"  why:         {info['reason']}\n")
-    stdout.write(f"  wanted at:   {info['wanted_at'] or 'not wanted'}\n")
+    if info["on_demand"]:
+        stdout.write(f"  wanted at:   {info['wanted_at'] or 'not wanted (no request within its idle timeout)'}\n")
     idle = "never used" if info["idle_for_s"] is None else f"idle for {info['idle_for_s']:.0f} s"
     stdout.write(f"  last used:   {info['last_used_at'] or '-'} ({idle})\n")
     if info["schedule"]:

@@ -66,11 +66,16 @@ def run(options, stdout, stderr) -> int:
     if not keys:
         stderr.write(f"no key named or prefixed {name!r}\n")
         return FAILED
+    already = {k.pk: k.revoked_at for k in keys if k.revoked_at}
     for key in keys:
         key.revoke()
     if options["json"]:
-        write_json(stdout, [{"name": k.name, "prefix": k.prefix, "state": k.state} for k in keys])
+        write_json(stdout, [{"name": k.name, "prefix": k.prefix, "state": k.state,
+                             "already_revoked": k.pk in already} for k in keys])
     else:
         for key in keys:
-            stdout.write(f"revoked {key.name} ({key.prefix}…)\n")
+            if key.pk in already:
+                stdout.write(f"{key.name} ({key.prefix}…) was already revoked, at {already[key.pk]:%Y-%m-%d %H:%M:%S %Z}\n")
+            else:
+                stdout.write(f"revoked {key.name} ({key.prefix}…)\n")
     return OK
