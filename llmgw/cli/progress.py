@@ -5,6 +5,9 @@ from __future__ import annotations
 
 
 class StatusLine:
+    """``show(text)`` as often as you like; ``end()`` before writing anything else.
+    ``stdout`` is a Django ``OutputWrapper`` (a command's ``self.stdout``)."""
+
     def __init__(self, stdout) -> None:
         self.stdout = stdout
         stream = getattr(stdout, "_out", stdout)  # Django's OutputWrapper keeps the stream here
