@@ -12,6 +12,24 @@ import time
 from tests.processes import PYTHON, ROOT, Proc, free_port, wait_until
 
 
+def processes_with(data_dir) -> list[int]:
+    """Pids of live processes whose environment names ``data_dir`` (Linux /proc)."""
+    needle = f"LLMGW_DATA_DIR={data_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{entry}/stat", "rb") as stat:
+                        if stat.read().split(b") ", 1)[1][:1] != b"Z":  # not a zombie
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
     # The embedded default in a directory of its own, whatever the pass (empty = unset).
     env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
@@ -28,10 +46,13 @@ def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
         assert up.proc.poll() is None, log[-3000:]
         assert "the cluster is STOPPED (`llmgw stop` by" in log and "llmgw start" in log
         assert "not served: the cluster is STOPPED" in log
-        up.proc.send_signal(signal.SIGINT)
+        assert len(processes_with(tmp_path)) >= 3  # web, worker (and its workers), agent
+        os.killpg(up.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
         started = time.monotonic()
         up.proc.wait(timeout=45)
         assert time.monotonic() - started < 30, up.log()[-3000:]
+        # Nothing it started outlives it: qcluster's worker processes once did.
+        wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
     finally:
         up.stop(timeout_s=60)
     assert "Traceback" not in up.log(), up.log()[-5000:]

@@ -100,8 +100,11 @@ class Group:
         self.lock = threading.Lock()
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """Start ``argv`` in a process group of its own: a terminal's Ctrl-C reaches only
+        ``up``, which stops the children in order, and whatever a child leaves behind
+        (qcluster's worker processes) can be killed with its group."""
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(settings.BASE_DIR), text=True, bufsize=1)
+                                cwd=str(settings.BASE_DIR), text=True, bufsize=1, start_new_session=True)
         self.children.append((name, proc))
         threading.Thread(target=self._relay, args=(name, proc), daemon=True).start()
         return proc
@@ -122,10 +125,11 @@ class Group:
     #: Seconds each child may take to stop before it is killed: the agent stops its engines
     #: (they may take a while to free a GPU); the others have nothing worth waiting for.
     GRACE_S = {"agent": 30.0}
-    DEFAULT_GRACE_S = 8.0
+    DEFAULT_GRACE_S = 10.0
 
     def stop(self) -> None:
-        # The agent first: it stops its engines and must still reach nothing else to do so.
+        """SIGTERM to each child (the agent first: it stops its engines), a grace each, then
+        SIGKILL to each child's whole process group, so no worker outlives ``up``."""
         for name, proc in reversed(self.children):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -137,8 +141,11 @@ class Group:
             except subprocess.TimeoutExpired:
                 self.stdout.write(f"llmgw up: {name} did not stop in time; killing it\n")
                 self.stdout.flush()
-                proc.kill()
-                proc.wait()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the child, if still there, and its leftovers
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
 
 
 def ensure_demo_key() -> str:
