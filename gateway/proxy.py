@@ -69,6 +69,10 @@ class _Refused(Exception):
     """The replica refused the connection before any byte was sent."""
 
 
+def _token_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
 class Exchange:
     """One request's bookkeeping: caller, model, timings, tokens; recorded once at the end."""
 
@@ -88,9 +92,14 @@ class Exchange:
         self.recorded = False
 
     def note_usage(self, data: dict | None) -> None:
+        """Take token counts from an answer's ``usage``; values that are not counts (an
+        engine's or provider's "abc", -1, 1e30) are ignored, never stored."""
         if isinstance(data, dict) and isinstance(data.get("usage"), dict):
-            self.prompt_tokens = data["usage"].get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = data["usage"].get("completion_tokens", self.completion_tokens)
+            usage_ = data["usage"]
+            if _token_count(usage_.get("prompt_tokens")):
+                self.prompt_tokens = usage_["prompt_tokens"]
+            if _token_count(usage_.get("completion_tokens")):
+                self.completion_tokens = usage_["completion_tokens"]
 
     def finish(self, status: int) -> None:
         if self.recorded:
@@ -196,6 +205,9 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         except (_Refused, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}",
                                           code="upstream_unreachable"))
+        except asyncio.CancelledError:
+            ex.finish(499)  # the client went away before the answer's headers
+            raise
         return await _relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     found = await _find_replica(model)
     if isinstance(found, HttpResponse):
@@ -322,6 +334,13 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
         try:
             upstream = await _open(f"{endpoint.url}/v1/{path}", content, headers)
             break
+        except asyncio.CancelledError:
+            # The client went away before the engine's headers (a non-streamed answer sends
+            # them only when done): count the request out, or the replica never looks idle.
+            usage.end(endpoint.replica_id)
+            ex.replica_id = endpoint.replica_id
+            ex.finish(499)
+            raise
         except _Refused as exc:
             usage.end(endpoint.replica_id)
             log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)

@@ -14,9 +14,12 @@ import threading
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
 from gateway.models import UsageRecord
+
+#: Records kept in memory while the database is unreachable (about 300 bytes each).
+MAX_BUFFERED_ROWS = 200_000
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,9 @@ class UsageBuffer:
         return rows
 
     def flush(self) -> int:
-        """Write buffered records now; returns how many. On failure they go back."""
+        """Write buffered records now; returns how many. If the database is unreachable
+        they go back (up to ``MAX_BUFFERED_ROWS``, oldest dropped first); a row the
+        database refuses for its values is dropped with a warning — never the batch."""
         from django.db import close_old_connections
 
         rows = self.take()
@@ -66,7 +71,8 @@ class UsageBuffer:
             return 0
         close_old_connections()
         try:
-            UsageRecord.objects.bulk_create([UsageRecord(**row) for row in rows], batch_size=500)
+            with transaction.atomic():  # all or nothing: a retry must not write a row twice
+                UsageRecord.objects.bulk_create([UsageRecord(**row) for row in rows], batch_size=500)
         except IntegrityError:
             # A key deleted since the request: keep the record, without the key.
             from gateway.models import ApiKey
@@ -76,12 +82,34 @@ class UsageBuffer:
             for row in rows:
                 if row.get("key_id") not in live:
                     row["key_id"] = None
-            UsageRecord.objects.bulk_create([UsageRecord(**row) for row in rows], batch_size=500)
-        except Exception:
-            with self._lock:
-                self._rows = rows + self._rows
+            return self._write_each(rows)
+        except (OperationalError, InterfaceError):
+            self._put_back(rows)
             raise
+        except Exception:  # a bad value in some row: write the others
+            return self._write_each(rows)
         return len(rows)
+
+    def _write_each(self, rows: list[dict]) -> int:
+        written = 0
+        for i, row in enumerate(rows):
+            try:
+                UsageRecord.objects.create(**row)
+                written += 1
+            except (OperationalError, InterfaceError):
+                self._put_back(rows[i:])
+                raise
+            except Exception as exc:  # noqa: BLE001 (one bad row must not block the rest)
+                log.warning("dropped a usage record the database refused (%s): %s", exc, row)
+        return written
+
+    def _put_back(self, rows: list[dict]) -> None:
+        with self._lock:
+            self._rows = rows + self._rows
+            extra = len(self._rows) - MAX_BUFFERED_ROWS
+            if extra > 0:
+                del self._rows[:extra]
+                log.warning("usage buffer full while the database is away: dropped the %d oldest records", extra)
 
 
 usage_records = UsageBuffer()

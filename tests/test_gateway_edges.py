@@ -88,7 +88,8 @@ def oai(servers, key, models):
 
 def post(servers, path: str, body: dict, key: str | None, **kw) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(servers["url"] + path, json=body, headers=headers, timeout=30, **kw)
+    kw.setdefault("timeout", 30)
+    return httpx.post(servers["url"] + path, json=body, headers=headers, **kw)
 
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -221,6 +222,24 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, mo
         assert b"tok" in sock.recv(4096) + sock.recv(4096)
     wait_until(lambda: any(r["event"] == "cancelled" for r in records(servers, "slow")), timeout_s=5,
                what="the engine to see the cancellation")
+
+
+def test_a_client_gone_before_a_non_streamed_answer_is_counted_out_and_recorded_499(servers, key, models):
+    """Engines send a non-streamed answer's headers only when done: a client leaving before
+    then once left the replica counted in flight for good (never idle, never evicted)."""
+    from fleet.models import UsageReport
+
+    slow = models["slow"].replicas.get()
+    with pytest.raises(httpx.TimeoutException):
+        post(servers, "/v1/chat/completions", {"model": "slow", "messages": HI}, key, timeout=0.5)
+    wait_until(lambda: UsageRecord.objects.filter(model_name="slow", stream=False, status=499).exists(),
+               timeout_s=5, what="a 499 usage record")
+    assert UsageRecord.objects.get(model_name="slow", stream=False, status=499).replica_id == slow.pk
+
+    def counted_out():
+        reports = list(UsageReport.objects.filter(replica=slow))
+        return reports and all(r.in_flight == 0 for r in reports)
+    wait_until(counted_out, timeout_s=5, what="the replica's in-flight count back to 0")
 
 
 def test_a_refused_connection_is_retried_on_another_ready_replica(servers, key, models):

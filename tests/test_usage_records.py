@@ -1,0 +1,58 @@
+"""The gateway's usage buffer: one bad value never blocks the others; an unreachable
+database keeps rows for the next try (within a bound); only counts are taken as tokens."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+
+from gateway import usage
+from gateway.models import UsageRecord
+from gateway.proxy import Exchange
+
+pytestmark = [pytest.mark.django_db(transaction=True)]  # flush() closes old connections
+
+
+def row(**over):
+    fields = dict(at=timezone.now(), key_id=None, model_name="m", replica_id=None, path="chat/completions",
+                  status=200, stream=False, prompt_tokens=1, completion_tokens=2, ttft_ms=1.0, total_ms=2.0,
+                  overhead_ms=0.5)
+    fields.update(over)
+    return fields
+
+
+def test_a_row_the_database_refuses_is_dropped_and_the_rest_written(caplog):
+    buffer = usage.UsageBuffer()
+    for fields in (row(model_name="a"), row(model_name="b", prompt_tokens="abc"), row(model_name="c")):
+        buffer.add(**fields)
+    assert buffer.flush() == 2
+    assert sorted(UsageRecord.objects.values_list("model_name", flat=True)) == ["a", "c"]
+    assert "dropped a usage record" in caplog.text
+    buffer.add(**row(model_name="d"))
+    assert buffer.flush() == 1  # nothing stuck behind the bad row
+
+
+def test_an_unreachable_database_keeps_the_rows_within_a_bound(monkeypatch):
+    buffer = usage.UsageBuffer()
+    monkeypatch.setattr(usage, "MAX_BUFFERED_ROWS", 3)
+
+    def down(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(UsageRecord.objects, "bulk_create", down)
+    for name in "abcde":
+        buffer.add(**row(model_name=name))
+    with pytest.raises(OperationalError):
+        buffer.flush()
+    assert [r["model_name"] for r in buffer.take()] == ["c", "d", "e"]  # the oldest went
+
+
+def test_only_counts_are_taken_as_token_usage():
+    ex = Exchange("chat/completions")
+    ex.note_usage({"usage": {"prompt_tokens": "abc", "completion_tokens": -1}})
+    assert (ex.prompt_tokens, ex.completion_tokens) == (None, None)
+    ex.note_usage({"usage": {"prompt_tokens": 10**40, "completion_tokens": True}})
+    assert (ex.prompt_tokens, ex.completion_tokens) == (None, None)
+    ex.note_usage({"usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    assert (ex.prompt_tokens, ex.completion_tokens) == (7, 3)
