@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import weakref
 
@@ -138,6 +139,17 @@ def _body_limit_error(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's extension, not the spec
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: re-encoded it would become Infinity, which is not JSON
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
 def _parse_body(request: HttpRequest) -> dict | HttpResponse:
     try:
         raw = request.body
@@ -145,9 +157,11 @@ def _parse_body(request: HttpRequest) -> dict | HttpResponse:
         return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
                             code="request_too_large")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError):
         return openai_error(400, "The request body is not valid JSON.", code="invalid_json")
+    except RecursionError:
+        return openai_error(400, "The request body is nested too deeply.", code="invalid_json")
     if not isinstance(body, dict):
         return openai_error(400, "The request body must be a JSON object.", code="invalid_json")
     return body
@@ -216,6 +230,8 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
 
 
 def _positive_int(value) -> bool:
+    if isinstance(value, float):  # 16.0 is a limit too (validation accepts it)
+        return value.is_integer() and value > 0
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -373,15 +389,27 @@ def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extr
 
 
 def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse:
-    """An engine's error that is not in OpenAI's shape, in it (same status)."""
-    detail = parsed.get("detail") if isinstance(parsed, dict) else None
-    text = (detail if isinstance(detail, str) else json.dumps(detail) if detail is not None
-            else raw.decode("utf-8", "replace").strip())[:300]
-    if status == 404:
-        return openai_error(404, f"The engine serving '{ex.model_label}' has no endpoint /v1/{ex.path}"
-                                 + (f" ({text})" if text else "") + ".", code="unknown_endpoint")
-    return openai_error(status, f"The engine serving '{ex.model_label}' answered {status}"
-                                + (f": {text}" if text else "") + ".", code="engine_error")
+    """An engine's error that is not in OpenAI's shape, in it (same status). Its own words
+    are kept: SGLang's and older vLLM's ``{"object": "error", "message", "code"}``, a
+    string ``error`` (Ollama and others), FastAPI's ``detail``; else the body's text."""
+    message = code = None
+    if isinstance(parsed, dict):
+        for field in ("message", "error", "detail"):
+            if isinstance(parsed.get(field), str) and parsed[field].strip():
+                message = parsed[field].strip()
+                break
+        else:
+            if parsed.get("detail") is not None:  # FastAPI's validation errors: a list
+                message = json.dumps(parsed["detail"])
+        code = parsed.get("code") if isinstance(parsed.get("code"), str) else None
+    if message is None:
+        message = raw.decode("utf-8", "replace").strip()
+    message = message[:1000]
+    if status == 404 and message in ("Not Found", ""):  # the web framework's: no such route
+        return openai_error(404, f"The engine serving '{ex.model_label}' has no endpoint /v1/{ex.path}.",
+                            code="unknown_endpoint")
+    return openai_error(status, message or f"The engine serving '{ex.model_label}' answered {status}.",
+                        code=code or "engine_error")
 
 
 async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
@@ -410,7 +438,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
             try:
                 parsed = json.loads(body)
                 ex.note_usage(parsed)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         if upstream.status >= 400 and not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
             # Not OpenAI's shape (FastAPI's {"detail": …}, a proxy's HTML page): put it in it.
@@ -458,13 +486,15 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                 yield buffer
             complete_stream = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            # Nothing can be retried after the first byte: say so in the stream itself
-            # (an OpenAI-shaped error event) rather than end it as if it were complete.
-            log.warning("upstream stream broke: %s", exc)
-            status = 502
-            error = {"error": {"message": f"The engine's stream broke off: {exc}", "type": "api_error",
-                               "param": None, "code": "upstream_stream_broken"}}
-            yield b"data: " + json.dumps(error).encode() + b"\n\n"
+            if not done_sent:
+                # Nothing can be retried after the first byte: say so in the stream itself
+                # (an OpenAI-shaped error event) rather than end it as if it were complete.
+                log.warning("upstream stream broke: %s", exc)
+                status = 502
+                error = {"error": {"message": f"The engine's stream broke off: {exc}", "type": "api_error",
+                                   "param": None, "code": "upstream_stream_broken"}}
+                yield b"data: " + json.dumps(error).encode() + b"\n\n"
+            # else: the stream was whole ([DONE] sent); only the engine's goodbye was rough
         except (asyncio.CancelledError, GeneratorExit):
             if not done_sent:  # after [DONE], a client closing before the engine's EOF is done
                 status = 499  # the client went away; closing the upstream tells the engine

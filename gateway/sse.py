@@ -37,7 +37,7 @@ def event_json(event: bytes) -> dict | None:
         return None
     try:
         value = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -20,6 +20,9 @@ def kind_of(value) -> str:
 
 
 def _is_int(value) -> bool:
+    """An integer, or a float with an integral value (16.0: engines accept it)."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 

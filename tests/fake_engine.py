@@ -258,6 +258,10 @@ class Engine:
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 await self.write_event(writer, dumps({**head, "choices": [], "usage": usage}))
             await self.write_event(writer, b"[DONE]")
+            if self.args.reset_after_done:  # a rough goodbye: no end of body, a reset
+                await writer.drain()
+                writer.transport.abort()
+                raise ClientGone()
             if self.args.linger_after_done_ms:  # the end of the body comes a little later
                 await asyncio.sleep(self.args.linger_after_done_ms / 1000)
             writer.write(b"0\r\n\r\n")
@@ -351,6 +355,7 @@ def parse_args(argv=None):
     p.add_argument("--tool-call", action="store_true")
     p.add_argument("--exit-after-s", type=float, default=0.0)
     p.add_argument("--linger-after-done-ms", type=float, default=0.0)
+    p.add_argument("--reset-after-done", action="store_true")
     return p.parse_args(argv)
 
 

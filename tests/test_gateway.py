@@ -24,14 +24,17 @@ def servers(django_db_setup, django_db_blocker, tmp_path_factory):
     engine = fake_engine(engine_port, logs, "--tokens", "8")
     slow = fake_engine(slow_port, logs, "--tokens", "5", "--token-delay-ms", "300")
     linger = fake_engine(linger_port, logs, "--tokens", "3", "--linger-after-done-ms", "700")
+    rough_port = free_port()
+    rough = fake_engine(rough_port, logs, "--tokens", "3", "--reset-after-done")
     web = daphne(web_port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
                                       "LLMGW_COLD_START_TIMEOUT": "2s"})
     wait_for_port(engine_port, proc=engine.proc)
     wait_for_port(slow_port, proc=slow.proc)
     wait_for_port(linger_port, proc=linger.proc)
-    yield {"engine": engine_port, "slow": slow_port, "linger": linger_port, "url": f"http://127.0.0.1:{web_port}",
-           "web": web}
-    for proc in (web, engine, slow, linger):
+    wait_for_port(rough_port, proc=rough.proc)
+    yield {"engine": engine_port, "slow": slow_port, "linger": linger_port, "rough": rough_port,
+           "url": f"http://127.0.0.1:{web_port}", "web": web}
+    for proc in (web, engine, slow, linger, rough):
         proc.stop()
 
 
@@ -220,3 +223,17 @@ def test_a_stream_the_client_closes_right_after_done_is_recorded_as_served_not_4
                what="the stream's usage record")
     record = UsageRecord.objects.get(model_name="linger-model", stream=True)
     assert record.status == 200 and record.completion_tokens == 3
+
+
+def test_an_engine_that_drops_the_connection_after_done_still_served_the_stream(client, servers, make_model):
+    """The client has every event, [DONE] included: no error event after it, recorded 200."""
+    from gateway.models import UsageRecord
+
+    wait_routed(client, serve(make_model("rough-model"), servers["rough"]))
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"model": "rough-model", "stream": True, "messages": HI}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and not any("upstream_stream_broken" in line for line in lines)
+    wait_until(lambda: UsageRecord.objects.filter(model_name="rough-model", stream=True).exists(), timeout_s=10,
+               what="the stream's usage record")
+    assert UsageRecord.objects.get(model_name="rough-model", stream=True).status == 200

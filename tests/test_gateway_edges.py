@@ -382,3 +382,24 @@ def test_an_endpoint_the_engine_lacks_is_a_404_in_openais_shape(servers, key, mo
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "unknown_endpoint" and "/v1/foo" in r.json()["error"]["message"]
     assert r.headers["x-llmgw-replica"]  # it did reach a replica
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b'{"model": "plain", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN"),
+    (b'{"model": "plain", "messages": [{"role": "user", "content": "x"}], "temperature": 1e400}', "out of range"),
+    (b'{"model": "plain", "x": ' + b"[" * 2000 + b"]" * 2000 + b"}", "nested"),  # under the 4 KB limit
+])
+def test_bodies_python_would_mangle_are_400s_not_500s(servers, key, models, raw, why):
+    r = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", (why, r.text[:300])
+
+
+def test_integral_floats_are_counts_and_a_float_limit_is_kept(oai, servers):
+    Model.objects.filter(name="plain").update(default_max_tokens=3)
+    r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI, "max_tokens": 5.0, "n": 1.0},
+             oai.api_key)
+    assert r.status_code == 200
+    assert [x for x in records(servers, "plain") if x["event"] == "request"][-1]["max_tokens"] == 5.0
+    assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI, "max_tokens": 5.5},
+                oai.api_key).status_code == 400

@@ -56,3 +56,26 @@ def test_only_counts_are_taken_as_token_usage():
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, None)
     ex.note_usage({"usage": {"prompt_tokens": 7, "completion_tokens": 3}})
     assert (ex.prompt_tokens, ex.completion_tokens) == (7, 3)
+
+
+@pytest.mark.parametrize("status, body, message, code", [
+    (400, {"object": "error", "message": "This model's maximum context length is 2048", "type": "BadRequestError",
+           "code": 400}, "This model's maximum context length is 2048", "engine_error"),
+    (400, {"error": "context length exceeded: 5000 > 4096"}, "context length exceeded: 5000 > 4096", "engine_error"),
+    (404, {"error": "model 'x' not found"}, "model 'x' not found", "engine_error"),
+    (404, {"detail": "Not Found"}, "has no endpoint /v1/foo", "unknown_endpoint"),
+    (422, {"detail": [{"loc": ["body", "n"], "msg": "bad"}]}, '"msg": "bad"', "engine_error"),
+    (503, None, "upstream busy", "engine_error"),
+    (500, None, "answered 500", "engine_error"),
+])
+def test_an_engines_error_keeps_its_own_words_in_openais_shape(status, body, message, code):
+    import json
+
+    from gateway.proxy import _engine_error
+
+    ex = Exchange("foo")
+    ex.model_label = "m"
+    raw = json.dumps(body).encode() if body is not None else (b"upstream busy" if status == 503 else b"")
+    answer = _engine_error(status, ex, body, raw)
+    error = json.loads(answer.content)["error"]
+    assert answer.status_code == status and message in error["message"] and error["code"] == code
