@@ -27,7 +27,8 @@ def test_a_row_the_database_refuses_is_dropped_and_the_rest_written(caplog):
     for fields in (row(model_name="a"), row(model_name="b", prompt_tokens="abc"), row(model_name="c")):
         buffer.add(**fields)
     assert buffer.flush() == 2
-    assert sorted(UsageRecord.objects.values_list("model_name", flat=True)) == ["a", "c"]
+    mine = UsageRecord.objects.filter(model_name__in="abcd")  # a web process of another module may flush late
+    assert sorted(mine.values_list("model_name", flat=True)) == ["a", "c"]
     assert "dropped a usage record" in caplog.text
     buffer.add(**row(model_name="d"))
     assert buffer.flush() == 1  # nothing stuck behind the bad row
