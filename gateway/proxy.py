@@ -520,6 +520,11 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
     return response
 
 
+def _model_object(model: Model) -> dict:
+    return {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
+            "owned_by": "external" if model.is_external else "llmgw"}
+
+
 async def list_models(request: HttpRequest) -> HttpResponse:
     """GET /v1/models: every model in the catalog (that the key may use), OpenAI's shape."""
     caller = await authenticate(request)
@@ -528,6 +533,19 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     data = []
     async for model in Model.objects.order_by("name"):
         if caller.may_use(model.id):
-            data.append({"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
-                         "owned_by": "external" if model.is_external else "llmgw"})
+            data.append(_model_object(model))
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
+
+
+async def retrieve_model(request: HttpRequest, name: str) -> HttpResponse:
+    """GET /v1/models/NAME: the model called NAME (or an alias of it); 404 if there is
+    none, 403 if the key may not use it."""
+    caller = await authenticate(request)
+    if isinstance(caller, HttpResponse):
+        return caller
+    model = await Model.aresolve(name)
+    if model is None:
+        return openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model")
+    if not caller.may_use(model.id):
+        return forbidden(model.name)
+    return HttpResponse(json.dumps(_model_object(model)), content_type="application/json")

@@ -4,6 +4,8 @@ from gateway import views
 
 urlpatterns = [
     path("v1/models", views.models),
+    re_path(r"^v1/models/(?P<name>.+)$", views.model_detail),
+    re_path(r"^v1/?$", views.not_found),
     path("metrics", views.prometheus),
     re_path(r"^v1/(?P<path>.+)$", views.v1),
 ]

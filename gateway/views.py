@@ -17,6 +17,14 @@ async def models(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt
+async def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """GET /v1/models/NAME (the openai SDK's ``models.retrieve``)."""
+    if request.method != "GET":
+        return openai_error(405, f"Use GET for /v1/models/{name}.")
+    return await proxy.retrieve_model(request, name)
+
+
+@csrf_exempt
 async def v1(request: HttpRequest, path: str) -> HttpResponse:
     if request.method != "POST":
         return openai_error(405, f"Use POST for /v1/{path}.")

@@ -403,3 +403,17 @@ def test_integral_floats_are_counts_and_a_float_limit_is_kept(oai, servers):
     assert [x for x in records(servers, "plain") if x["event"] == "request"][-1]["max_tokens"] == 5.0
     assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI, "max_tokens": 5.5},
                 oai.api_key).status_code == 400
+
+
+def test_the_sdk_retrieves_a_model_by_name_or_alias_and_gets_404_for_none(servers, key, models):
+    Model.objects.filter(name="plain").update(aliases="plain-alias")
+    client = openai.OpenAI(base_url=servers["url"] + "/v1", api_key=key, max_retries=0)
+    assert client.models.retrieve("plain").id == "plain"
+    assert client.models.retrieve("plain-alias").id == "plain"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+    _, narrow = ApiKey.create_key("narrow-retrieve", ["plain"])
+    with pytest.raises(openai.PermissionDeniedError):
+        openai.OpenAI(base_url=servers["url"] + "/v1", api_key=narrow, max_retries=0).models.retrieve("utf8")
+    r = httpx.get(servers["url"] + "/v1/", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
