@@ -190,6 +190,19 @@ def wait_for_model(base_url: str, model: str, timeout_s: float, group: Group, ap
     return "timeout"
 
 
+def manage_cmd(command: str) -> str:
+    """How to run ``llmgw COMMAND`` from here, with this interpreter (the README's
+    ``.venv/bin/python manage.py llmgw …`` when run from the checkout)."""
+    python = sys.executable
+    try:
+        relative = os.path.relpath(python)
+        if not relative.startswith(".."):
+            python = relative
+    except ValueError:
+        pass
+    return f"{python} manage.py llmgw {command}"
+
+
 def port_free(host: str, port: int) -> bool:
     import socket
 
@@ -247,7 +260,7 @@ def run(options, stdout, stderr) -> int:
     if cluster.stopped:
         when = f" at {cluster.stopped_at:%Y-%m-%d %H:%M:%S %Z}" if cluster.stopped_at else ""
         stopped_note = (f"the cluster is STOPPED (`llmgw stop` by {cluster.stopped_by or 'someone'}{when};"
-                        " it lasts across restarts): nothing is served until `python manage.py llmgw start`")
+                        f" it lasts across restarts): nothing is served until `{manage_cmd('start')}`")
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started; {stopped_note}\n")
     else:
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
@@ -273,7 +286,7 @@ def run(options, stdout, stderr) -> int:
         ]
         if not options["no_demo"]:
             state = {"ready": "ready",
-                     "stopped": "not served: the cluster is STOPPED — run `python manage.py llmgw start`"}.get(
+                     "stopped": f"not served: the cluster is STOPPED — run `{manage_cmd('start')}`"}.get(
                 outcome, "NOT ready yet (see the log above)")
             banner += [
                 f"  model:    {DEMO_MODEL} ({state})",
