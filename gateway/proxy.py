@@ -476,7 +476,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                             ex.content_chunks += 1
                     elif sse.may_have_content(event):
                         ex.content_chunks += 1
-                    elif sse.is_done(event):
+                    if (b"[DONE]" in event or b"event:" in event) and sse.is_done(event):
                         ends = True
                     out.append(event)
                 if out:

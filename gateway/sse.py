@@ -42,11 +42,17 @@ def event_json(event: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+_FINAL_EVENTS = (b"response.completed", b"response.failed", b"response.incomplete", b"message_stop")
+
+
 def is_done(event: bytes) -> bool:
-    """The ``data: [DONE]`` event that ends an OpenAI stream."""
-    if b"[DONE]" not in event:
-        return False
-    return any(line[5:].strip() == b"[DONE]" for line in event.splitlines() if line.startswith(b"data:"))
+    """The event that ends a stream: ``data: [DONE]`` (chat and completions), or the
+    Responses API's ``response.completed``/``failed``/``incomplete`` and Anthropic-style
+    ``message_stop`` events (which engines serving those APIs send instead)."""
+    if b"[DONE]" in event and any(line[5:].strip() == b"[DONE]" for line in event.splitlines()
+                                  if line.startswith(b"data:")):
+        return True
+    return any(line[6:].strip() in _FINAL_EVENTS for line in event.splitlines() if line.startswith(b"event:"))
 
 
 def is_usage_only(data: dict) -> bool:

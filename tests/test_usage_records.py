@@ -80,3 +80,13 @@ def test_an_engines_error_keeps_its_own_words_in_openais_shape(status, body, mes
     answer = _engine_error(status, ex, body, raw)
     error = json.loads(answer.content)["error"]
     assert answer.status_code == status and message in error["message"] and error["code"] == code
+
+
+def test_the_events_that_end_a_stream():
+    from gateway import sse
+
+    assert sse.is_done(b"data: [DONE]\n\n") and sse.is_done(b"data:[DONE]\r\n\r\n")
+    assert sse.is_done(b"event: response.completed\ndata: {\"type\": \"response.completed\"}\n\n")
+    assert sse.is_done(b"event: message_stop\ndata: {}\n\n")
+    assert not sse.is_done(b'data: {"choices": [{"delta": {"content": "[DONE]"}}]}\n\n')
+    assert not sse.is_done(b"event: response.output_text.delta\ndata: {}\n\n")
