@@ -36,10 +36,23 @@ async def not_found(request: HttpRequest, exception=None) -> HttpResponse:
 
 
 async def prometheus(request: HttpRequest) -> HttpResponse:
-    """/metrics in Prometheus' text format."""
+    """/metrics in Prometheus' text format; behind ``LLMGW_METRICS_TOKEN`` when it is set
+    (401 without it)."""
+    import hmac
+
     from asgiref.sync import sync_to_async
+    from django.conf import settings
     from prometheus_client import CONTENT_TYPE_LATEST
 
     from gateway.metrics import render
+
+    expected = settings.LLMGW_METRICS_TOKEN
+    if expected:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+            response = HttpResponse("Unauthorized: /metrics needs Authorization: Bearer <LLMGW_METRICS_TOKEN>\n",
+                                    status=401, content_type="text/plain")
+            response["WWW-Authenticate"] = "Bearer"
+            return response
 
     return HttpResponse(await sync_to_async(render)(), content_type=CONTENT_TYPE_LATEST)

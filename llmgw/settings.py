@@ -214,4 +214,6 @@ LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
 LLMGW_DASHBOARD_REFRESH_S = env_duration_s("DASHBOARD_REFRESH", 5.0)
 #: /v1/ requires an API key (``llmgw keys create``). Off only for trusted development setups.
 LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)
+#: When set, /metrics asks for ``Authorization: Bearer <it>`` (Prometheus' bearer_token).
+LLMGW_METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 LLMGW_PLACING_TIMEOUT_S = env_duration_s("PLACING_TIMEOUT", 120.0)

@@ -237,3 +237,22 @@ def test_an_engine_that_drops_the_connection_after_done_still_served_the_stream(
     wait_until(lambda: UsageRecord.objects.filter(model_name="rough-model", stream=True).exists(), timeout_s=10,
                what="the stream's usage record")
     assert UsageRecord.objects.get(model_name="rough-model", stream=True).status == 200
+
+
+def test_metrics_can_be_put_behind_a_bearer_token(settings):
+    from django.test import AsyncClient
+
+    settings.LLMGW_METRICS_TOKEN = "s3cret"
+    client = AsyncClient()
+
+    async def get(**headers):
+        return await client.get("/metrics", headers=headers)
+
+    import asyncio
+
+    assert asyncio.run(get()).status_code == 401
+    assert asyncio.run(get(Authorization="Bearer nope")).status_code == 401
+    answer = asyncio.run(get(Authorization="Bearer s3cret"))
+    assert answer.status_code == 200 and b"llmgw_" in answer.content
+    settings.LLMGW_METRICS_TOKEN = ""
+    assert asyncio.run(get()).status_code == 200
