@@ -104,6 +104,7 @@ def test_status_of_a_stopped_cluster(fleet):
     reconcile()
     code, out, _ = llmgw("status")
     assert code == 0 and "STOPPED" in out and "night-shift" in out
+    assert "cluster stopped" in out  # the models' "why", not an empty column
     data = json.loads(llmgw("status", "--json")[1])
     assert data["stopped"] is True and data["serving"] is False and data["stopped_by"] == "night-shift"
     assert all(m["desired"] == 0 for m in data["models"])

@@ -29,8 +29,22 @@ def run(options, stdout, stderr) -> int:
                       a["cpu_cores"], a["memory_mib"], a["address"]] for a in status["agents"]]))
     out.print(table("models", ["model", "desired", "ready", "why"],
                     [[m["name"] + (" (external)" if m["external"] else " (on demand)" if m["on_demand"] else ""),
-                      m["desired"], m["ready"], m.get("reason", "")] for m in status["models"]]))
+                      m["desired"], m["ready"], _why(m, status)] for m in status["models"]]))
     out.print(table("replicas", ["id", "model", "agent", "state", "port", "GPUs"],
                     [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"]))]
                      for r in status["replicas"]]))
     return OK
+
+
+def _why(model: dict, status: dict) -> str:
+    """The table's "why": the reconciler's reason when the model is short of (or over) what
+    it wants, else a few words saying it is as it should be."""
+    if model.get("reason"):
+        return model["reason"]
+    if model["external"]:
+        return "served at its base URL"
+    if status["stopped"]:
+        return "cluster stopped"
+    if model["desired"]:
+        return "all wanted replicas ready"
+    return "none wanted (on demand: not asked for lately)" if model["on_demand"] else "none wanted (min 0)"
