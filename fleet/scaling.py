@@ -14,13 +14,17 @@ metrics endpoint.
   remaining replicas would stay under 70% of their capacity: the measured one, or else the
   one *observed* — the most requests a ready replica was seen running while others waited
   (a replica with a queue is full; learned afresh each time load adds replicas).
-* Crowded: nothing waiting, but the remaining replicas would be over those 70%. A crowded
-  spell as long as ``scale_up_after_s`` means the replicas are needed: the quiet timer
-  restarts. A shorter one (a spike) leaves it running. Without this, "quiet" would only mean
-  "nothing waiting", and a steady load between one and two replicas' worth would scale down,
-  queue, scale up again, forever (the seed flaps so; ``tests/test_simulator.py`` shows it no
-  longer does); judging each pass alone instead, one request too many in any pass would
-  restart the timer, and a light load on replicas of few slots would never scale down.
+* Crowded: nothing waiting, but the remaining replicas would be over those 70%. With a
+  measured capacity that restarts the quiet timer at once (DESIGN's rule, pass by pass).
+  With a learned one, only a crowded spell as long as ``scale_up_after_s`` does; a shorter
+  one (a spike) leaves the timer running — learned capacities are small and coarse (a
+  llama.cpp server has a few slots), and judged pass by pass one request too many in any
+  pass would keep a light load from ever scaling down. Without any of this, "quiet" would
+  only mean "nothing waiting", and a steady load between one and two replicas' worth would
+  scale down, queue, scale up again, forever (the seed flaps so; ``tests/test_simulator.py``
+  shows it no longer does). Forgiving spikes against a measured capacity too was tried: in
+  the simulated day it scaled the 70B models down earlier, at moments when their drained
+  replica still held requests longer than the 30 s drain grace (6 cut off).
 * Anything else resets all timers.
 """
 
@@ -131,7 +135,7 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
         return Step(keep(extra, busy_since=state.busy_since))
     if load.waiting == 0 and extra > 0 and not fits_in_fewer:
         crowded_since = state.crowded_since or now
-        if (now - crowded_since).total_seconds() >= policy.scale_up_after_s:
+        if measured_per_replica is not None or (now - crowded_since).total_seconds() >= policy.scale_up_after_s:
             return Step(keep(extra, crowded_since=crowded_since))  # needed: the quiet timer restarts
         return Step(keep(extra, quiet_since=state.quiet_since, crowded_since=crowded_since))  # a spike
     if load.waiting == 0 and extra > 0:

@@ -139,6 +139,14 @@ def test_a_crowded_spell_as_long_as_scale_up_after_restarts_the_quiet_timer():
     assert taken == []
 
 
+def test_with_a_measured_capacity_any_crowded_pass_restarts_the_quiet_timer():
+    # Measured 4: 4 running would crowd one replica (> 2.8). DESIGN's rule, pass by pass.
+    samples = [(0, quiet(2, 0)), (100, quiet(2, 4)), (110, quiet(2, 0)), (300, quiet(2, 0)), (409, quiet(2, 0)),
+               (410, quiet(2, 0))]
+    taken, _ = run(samples, measured=4, state=ScalingState(extra=1))
+    assert [(t, a, b) for t, a, b, _ in taken] == [(410, 2, 1)]  # quiet since 110 s
+
+
 def test_the_learned_capacity_is_the_most_seen_and_survives_unknown_load_and_idle_spells():
     taken, state = run([(0, Load(2, 3, 2)), (10, Load(2, 8, 1)), (20, Load(2, 5, 4)), (30, None), (40, quiet(2, 0)),
                         (50, Load(1, 0, 2))])  # nothing running while waiting (loading) teaches nothing
