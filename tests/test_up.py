@@ -55,4 +55,48 @@ def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
         wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
     finally:
         up.stop(timeout_s=60)
+        for pid in processes_with(tmp_path):  # whatever a failure left behind
+            os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in up.log(), up.log()[-5000:]
+
+
+def test_up_stops_everything_when_its_terminal_goes_away_or_its_output_pipe_closes(tmp_path):
+    """SIGHUP (a closed terminal, a dropped ssh session) and a closed stdout (``up | head``)
+    once left web, worker and agent running: they sit in process groups of their own."""
+    env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
+           "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": ""}
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], tmp_path / "up.log",
+              env=env)
+    try:
+        wait_until(lambda: "llmgw is up" in up.log(), timeout_s=90, interval_s=0.3, what="the banner")
+        assert len(processes_with(tmp_path)) >= 3
+        up.proc.send_signal(signal.SIGHUP)
+        up.proc.wait(timeout=45)
+        wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
+    finally:
+        up.stop(timeout_s=60)
+        for pid in processes_with(tmp_path):  # whatever a failure left behind
+            os.kill(pid, signal.SIGKILL)
+
+    # Its output a pipe that closes (`up | head`), then stopped: the stop must not trip on
+    # writing "stopping…" to the closed pipe (it once raised there, before stopping anything).
+    piped = subprocess.Popen([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], cwd=ROOT,
+                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        seen = b""
+        while b"llmgw is up" not in seen:
+            line = piped.stdout.readline()
+            assert line, seen.decode(errors="replace")[-2000:]
+            seen += line
+        piped.stdout.close()
+        piped.send_signal(signal.SIGTERM)
+        piped.wait(timeout=45)
+        wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
+    finally:
+        try:
+            os.killpg(piped.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in processes_with(tmp_path):
+            os.kill(pid, signal.SIGKILL)

@@ -110,11 +110,12 @@ class Group:
         return proc
 
     def _relay(self, name: str, proc: subprocess.Popen) -> None:
+        """Copy a child's output, prefixed. Keeps reading even when our own output is gone
+        (a closed pipe): a child whose pipe fills up would block."""
         assert proc.stdout is not None
         for line in proc.stdout:
             with self.lock:
-                self.stdout.write(f"[{name:<6}] {line.rstrip()}\n")
-                self.stdout.flush()
+                say(self.stdout, f"[{name:<6}] {line.rstrip()}\n")
 
     def first_exited(self) -> tuple[str, int] | None:
         for name, proc in self.children:
@@ -139,8 +140,7 @@ class Group:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.stdout.write(f"llmgw up: {name} did not stop in time; killing it\n")
-                self.stdout.flush()
+                say(self.stdout, f"llmgw up: {name} did not stop in time; killing it\n")
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the child, if still there, and its leftovers
             except (ProcessLookupError, PermissionError):
@@ -215,10 +215,17 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def run(options, stdout, stderr) -> int:
-    from django_q.tasks import async_task
+def say(stream, text: str) -> None:
+    """Write and flush, ignoring a closed pipe (``up | head``, a terminal gone): stopping
+    the children must not depend on being able to tell anyone."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
 
-    from catalog.models import ClusterSettings
+
+def run(options, stdout, stderr) -> int:
     from fleet.models import Agent
 
     if not port_free(options["host"], options["port"]):
@@ -247,8 +254,25 @@ def run(options, stdout, stderr) -> int:
     def on_signal(signum, frame):
         stopping.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP: the terminal closed (or ssh went away) — the children, in sessions of their
+    # own, would not hear it; `up` stops them as on Ctrl-C.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        return _serve(options, stdout, stderr, group, stopping, env, manage, base_url, token, user, password, api_key)
+    finally:
+        say(stdout, "llmgw up: stopping (engines first)…\n")
+        group.stop()
+
+
+def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, env: dict[str, str], manage: str,
+           base_url: str, token: str, user: str, password: str, api_key: str) -> int:
+    """Start the children and wait until asked to stop (or one exits); ``run`` stops them."""
+    from django_q.tasks import async_task
+
+    from catalog.models import ClusterSettings
+
+    host, port = options["host"], options["port"]
     group.start("web", web_argv(host, port), env)
     group.start("worker", [sys.executable, manage, "qcluster"], env)
     # The token travels in the environment, not argv (which `ps` shows to everyone).
@@ -262,6 +286,8 @@ def run(options, stdout, stderr) -> int:
         stopped_note = (f"the cluster is STOPPED (`llmgw stop` by {cluster.stopped_by or 'someone'}{when};"
                         f" it lasts across restarts): nothing is served until `{manage_cmd('start')}`")
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started; {stopped_note}\n")
+    elif options["no_demo"]:
+        stdout.write(f"llmgw up: web on {base_url}, worker and agent started\n")
     else:
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
     stdout.flush()
@@ -305,7 +331,4 @@ def run(options, stdout, stderr) -> int:
             code = 1
             break
         stopping.wait(0.5)
-    stdout.write("llmgw up: stopping (engines first)…\n")
-    stdout.flush()
-    group.stop()
     return code
