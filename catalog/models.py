@@ -297,7 +297,7 @@ class ClusterSettings(models.Model):
         help_text="How long a request waits for a replica to become ready.",
     )
     history_retention_days = models.PositiveIntegerField(
-        default=30,
+        default=30, validators=[MaxValueValidator(36500)],
         help_text="Usage records, scaling events and stopped or failed replicas older than "
         "this many days are deleted (checked hourly). 0: keep them forever.",
     )

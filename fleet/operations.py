@@ -135,8 +135,10 @@ def cluster_status() -> dict:
         desired = state.desired if state else 0
         entry = {"name": model.name, "desired": desired, "ready": ready.get(model.pk, 0),
                  "on_demand": model.on_demand, "external": model.is_external}
-        if entry["ready"] != desired or (state and state.unservable):
-            entry["reason"] = state.reason if state else "not looked at by a reconcile pass yet"
+        if state is None:
+            entry["reason"] = "not looked at by a reconcile pass yet"
+        elif entry["ready"] != desired or state.unservable:
+            entry["reason"] = state.reason
         models.append(entry)
     replicas = [
         {"id": r.pk, "model": r.model.name, "agent": r.agent.name, "state": r.state, "port": r.port,

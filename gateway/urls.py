@@ -3,7 +3,7 @@ from django.urls import path, re_path
 from gateway import views
 
 urlpatterns = [
-    path("v1/models", views.models),
+    re_path(r"^v1/models/?$", views.models),
     re_path(r"^v1/models/(?P<name>.+)$", views.model_detail),
     re_path(r"^v1/?$", views.not_found),
     path("metrics", views.prometheus),

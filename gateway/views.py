@@ -48,8 +48,8 @@ async def prometheus(request: HttpRequest) -> HttpResponse:
 
     expected = settings.LLMGW_METRICS_TOKEN
     if expected:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             response = HttpResponse("Unauthorized: /metrics needs Authorization: Bearer <LLMGW_METRICS_TOKEN>\n",
                                     status=401, content_type="text/plain")
             response["WWW-Authenticate"] = "Bearer"

@@ -51,7 +51,7 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
     counts = {"usage_records": 0, "scaling_events": 0, "replicas": 0}
     if not days:
         return counts
-    cutoff = (now or timezone.now()) - timedelta(days=days)
+    cutoff = (now or timezone.now()) - timedelta(days=min(days, 36500))  # a century: nothing to prune
     deadline = time.monotonic() + budget_s
     ended = [ReplicaState.STOPPED.value, ReplicaState.FAILED.value]
     # Scaling events and replicas first: few rows; usage records may be millions.

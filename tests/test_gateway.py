@@ -252,6 +252,7 @@ def test_metrics_can_be_put_behind_a_bearer_token(settings):
 
     assert asyncio.run(get()).status_code == 401
     assert asyncio.run(get(Authorization="Bearer nope")).status_code == 401
+    assert asyncio.run(get(Authorization="bearer s3cret")).status_code == 200  # schemes are case-insensitive
     answer = asyncio.run(get(Authorization="Bearer s3cret"))
     assert answer.status_code == 200 and b"llmgw_" in answer.content
     settings.LLMGW_METRICS_TOKEN = ""

@@ -415,5 +415,7 @@ def test_the_sdk_retrieves_a_model_by_name_or_alias_and_gets_404_for_none(server
     _, narrow = ApiKey.create_key("narrow-retrieve", ["plain"])
     with pytest.raises(openai.PermissionDeniedError):
         openai.OpenAI(base_url=servers["url"] + "/v1", api_key=narrow, max_retries=0).models.retrieve("utf8")
+    listed = httpx.get(servers["url"] + "/v1/models/", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
     r = httpx.get(servers["url"] + "/v1/", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"

@@ -257,3 +257,25 @@ def test_the_gateways_own_4xx_answers_are_not_logged_as_django_warnings():
     assert not keep(record("/v1/chat/completions", 401)) and not keep(record("/v1/x", 404))
     assert not keep(record("/v1/chat/completions", 503))
     assert keep(record("/v1/chat/completions", 500)) and keep(record("/api/models/", 400))
+
+
+def test_revoking_by_a_prefix_many_keys_share_is_refused(db):
+    from gateway.models import ApiKey
+
+    ApiKey.create_key("one")
+    ApiKey.create_key("two")
+    code, _, err = llmgw("keys", "revoke", "llmgw-key-")
+    assert code == 2 and "start of 2 keys' prefixes" in err
+    assert not ApiKey.objects.filter(revoked_at__isnull=False).exists()
+
+
+def test_stop_on_a_stopped_cluster_names_who_stopped_it(fleet):
+    stop_cluster("night-shift")
+    code, out, _ = llmgw("stop", "--by", "someone-else")
+    assert code == 0 and "already stopped (by night-shift" in out
+
+
+def test_status_explains_a_model_no_pass_has_looked_at(make_model):
+    make_model("fresh", min_replicas=2, max_replicas=2)
+    code, out, _ = llmgw("status")
+    assert code == 0 and "not looked at by a reconcile pass yet" in out

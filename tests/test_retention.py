@@ -95,3 +95,14 @@ def test_migrating_fleet_alone_on_a_new_database_does_not_trip_on_the_missing_sc
     for argv in (["migrate", "fleet"], ["migrate"]):
         done = subprocess.run([sys.executable, "manage.py", *argv], capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_retention_beyond_a_century_is_refused_and_never_overflows():
+    from django.core.exceptions import ValidationError
+
+    cluster = ClusterSettings.get_solo()
+    cluster.history_retention_days = 999_999
+    with pytest.raises(ValidationError):
+        cluster.full_clean()
+    ClusterSettings.objects.filter(pk=cluster.pk).update(history_retention_days=999_999)  # set around the admin
+    assert retention.prune_history() == {"usage_records": 0, "scaling_events": 0, "replicas": 0}

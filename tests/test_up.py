@@ -44,7 +44,8 @@ def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
                    what="the banner")
         log = up.log()
         assert up.proc.poll() is None, log[-3000:]
-        assert "the cluster is STOPPED (`llmgw stop` by" in log and "llmgw start" in log
+        assert "the cluster is STOPPED (`llmgw stop` by" in log
+        assert f"LLMGW_DATA_DIR={tmp_path} " in log and "manage.py llmgw start`" in log  # runnable as shown
         assert "not served: the cluster is STOPPED" in log
         assert len(processes_with(tmp_path)) >= 3  # web, worker (and its workers), agent
         os.killpg(up.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group

@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='clustersettings',
             name='history_retention_days',
-            field=models.PositiveIntegerField(default=30, help_text='Usage records, scaling events and stopped or failed replicas older than this many days are deleted (checked hourly). 0: keep them forever.'),
+            field=models.PositiveIntegerField(default=30, help_text='Usage records, scaling events and stopped or failed replicas older than this many days are deleted (checked hourly). 0: keep them forever.', validators=[django.core.validators.MaxValueValidator(36500)]),
         ),
         migrations.AddField(
             model_name='model',

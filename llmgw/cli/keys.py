@@ -62,7 +62,14 @@ def run(options, stdout, stderr) -> int:
     if not name:
         stderr.write("keys revoke needs the key's NAME or prefix\n")
         return USAGE
-    keys = list(ApiKey.objects.filter(name=name)) or list(ApiKey.objects.filter(prefix__startswith=name.rstrip("…")))
+    keys = list(ApiKey.objects.filter(name=name))
+    if not keys:
+        keys = list(ApiKey.objects.filter(prefix__startswith=name.rstrip("…")))
+        if len(keys) > 1:  # "llmgw" would revoke every key
+            stderr.write(f"{name!r} is the start of {len(keys)} keys' prefixes ("
+                         + ", ".join(f"{k.name} {k.prefix}…" for k in keys[:5]) + (", …" if len(keys) > 5 else "")
+                         + "); give a key's name or more of its prefix\n")
+            return USAGE
     if not keys:
         stderr.write(f"no key named or prefixed {name!r}\n")
         return FAILED

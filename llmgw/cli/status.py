@@ -47,4 +47,4 @@ def _why(model: dict, status: dict) -> str:
         return "cluster stopped"
     if model["desired"]:
         return "all wanted replicas ready"
-    return "none wanted (on demand: not asked for lately)" if model["on_demand"] else "none wanted (min 0)"
+    return "none wanted (on demand: not asked for lately)" if model["on_demand"] else "none wanted now"

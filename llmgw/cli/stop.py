@@ -21,8 +21,15 @@ def add_arguments(parser) -> None:
 def run(options, stdout, stderr) -> int:
     by = options["by"] or getpass.getuser()
     changed = stop_cluster(by)
-    what = "cluster stopped" if changed else "cluster was already stopped"
-    stdout.write(f"{what} (by {by}); engines drain and stop; /v1/ answers 503 system_stopped\n")
+    if changed:
+        stdout.write(f"cluster stopped (by {by}); engines drain and stop; /v1/ answers 503 system_stopped\n")
+    else:
+        from catalog.models import ClusterSettings
+
+        cluster = ClusterSettings.get_solo()
+        when = f" at {cluster.stopped_at:%Y-%m-%d %H:%M:%S %Z}" if cluster.stopped_at else ""
+        stdout.write(f"cluster was already stopped (by {cluster.stopped_by or 'someone'}{when}); "
+                     "/v1/ answers 503 system_stopped\n")
     if not options["wait"]:
         return OK
     deadline = time.monotonic() + options["timeout_s"]

@@ -200,7 +200,10 @@ def manage_cmd(command: str) -> str:
             python = relative
     except ValueError:
         pass
-    return f"{python} manage.py llmgw {command}"
+    prefix = ""
+    if Path(settings.DATA_DIR).resolve() != (Path(settings.BASE_DIR) / "var").resolve():
+        prefix = f"LLMGW_DATA_DIR={settings.DATA_DIR} "  # another shell would use the default
+    return f"{prefix}{python} manage.py llmgw {command}"
 
 
 def port_free(host: str, port: int) -> bool:
