@@ -180,7 +180,7 @@ def test_an_agent_killed_mid_stream_loses_its_replica_and_its_duplicate_stops_wh
         assert alive(first.pid), "the engine of a lost agent keeps running"
         time.sleep(0.5)
         fleet.start_agent(victim)  # it adopts the engine and says it runs
-        wait_until(lambda: state_of(first) == "stopped", timeout_s=30, what="the duplicate to stop")
+        wait_until(lambda: state_of(first) == "stopped", timeout_s=60, what="the duplicate to stop")
         wait_until(lambda: not alive(first.pid), timeout_s=10, what="the duplicate's engine to exit")
         time.sleep(0.5)
     no_500(traffic, {200, 503})
