@@ -1,7 +1,6 @@
 """PostgreSQL and Redis for tests: a private PostgreSQL instance that a fault test may stop
 and restart (never the machine's shared server), and the rule for services that are absent:
-skip with a loud reason, except under CI=true, where absence is a failure (DESIGN, "Testing
-on these machines")."""
+a failure naming what is missing, never a skip (DESIGN, "Testing on these machines")."""
 
 from __future__ import annotations
 
@@ -23,13 +22,11 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 
 def require(available: bool, what: str) -> None:
-    """Skip the calling test (or module) unless ``available``; under CI=true, fail."""
-    if available:
-        return
-    message = f"NOT TESTED: {what}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (CI must run it: .ci/run starts the services)", pytrace=False)
-    pytest.skip(message, allow_module_level=True)
+    """Fail the calling test unless ``available``, saying what is missing: these tests are
+    never skipped (.ci/run starts the services they need)."""
+    if not available:
+        pytest.fail(f"missing: {what} (.ci/run starts PostgreSQL and Redis; install them to run these tests)",
+                    pytrace=False)
 
 
 def postgres_bin() -> Path | None:
