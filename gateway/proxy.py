@@ -230,9 +230,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
 
 
 def _positive_int(value) -> bool:
-    if isinstance(value, float):  # 16.0 is a limit too (validation accepts it)
-        return value.is_integer() and value > 0
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return validation.is_integer(value) and value > 0  # 16.0 is a limit too
 
 
 def _upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,

@@ -19,8 +19,8 @@ def kind_of(value) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def _is_int(value) -> bool:
-    """An integer, or a float with an integral value (16.0: engines accept it)."""
+def is_integer(value) -> bool:
+    """An integer, or a float with an integral value (16.0: engines accept it); not a bool."""
     if isinstance(value, float):
         return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
@@ -51,9 +51,9 @@ def check(path: str, body: dict) -> Problem | None:
     path = path.strip("/")
     common = (
         ("stream", lambda v: isinstance(v, bool), "a boolean"),
-        ("max_tokens", _is_int, "an integer"),
-        ("max_completion_tokens", _is_int, "an integer"),
-        ("n", _is_int, "an integer"),
+        ("max_tokens", is_integer, "an integer"),
+        ("max_completion_tokens", is_integer, "an integer"),
+        ("n", is_integer, "an integer"),
         ("temperature", _is_number, "a number"),
         ("top_p", _is_number, "a number"),
         ("stream_options", lambda v: isinstance(v, dict), "an object"),
