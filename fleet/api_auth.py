@@ -1,17 +1,36 @@
-"""REST API authentication with hashed tokens (``Authorization: Token …`` or ``Bearer …``)."""
+"""REST API authentication: hashed tokens (``Authorization: Token …`` or ``Bearer …``) that
+expire, and HTTP basic with failed attempts throttled (``fleet.auth_throttle``)."""
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
-from rest_framework.authentication import BaseAuthentication
+from rest_framework.authentication import BaseAuthentication, BasicAuthentication
 
-from fleet import tokens
+from fleet import auth_throttle, tokens
 from fleet.models import ApiToken
 
 
+class ThrottledBasicAuthentication(BasicAuthentication):
+    """DRF's HTTP basic, refused with 429 (``Retry-After``) once the username or the
+    client's address has too many failed attempts in the current window; each wrong
+    password (or unknown user) counts one failure for both."""
+
+    def authenticate_credentials(self, userid, password, request=None):
+        address = auth_throttle.client_address(request)
+        auth_throttle.check(userid, address)
+        try:
+            return super().authenticate_credentials(userid, password, request)
+        except exceptions.AuthenticationFailed:
+            auth_throttle.record_failure(userid, address)
+            raise
+
+
 class HashedTokenAuthentication(BaseAuthentication):
-    """Looks the token up by its visible prefix and compares SHA-256 in constant time."""
+    """Looks the token up by its visible prefix and compares SHA-256 in constant time.
+    An expired token (``LLMGW_API_TOKEN_TTL`` after issue) answers 401 saying so; a use is
+    recorded in ``last_used_at`` (at most once a minute per token)."""
 
     def authenticate(self, request):
         header = request.META.get("HTTP_AUTHORIZATION", "")
@@ -25,12 +44,17 @@ class HashedTokenAuthentication(BaseAuthentication):
             if tokens.token_matches(token, row.sha256):
                 if not row.user.is_active:
                     raise exceptions.AuthenticationFailed("User inactive or deleted.")
+                now = timezone.now()
+                if row.expired(now):
+                    raise exceptions.AuthenticationFailed(
+                        f"Token expired at {row.expires_at:%Y-%m-%d %H:%M:%S} UTC: get a new one from "
+                        "POST /api/auth/token/.")
+                row.touch(now)
                 return row.user, row
         raise exceptions.AuthenticationFailed("Invalid token.")
 
     def authenticate_header(self, request) -> str:
         return "Token"
-
 
 
 class HashedTokenScheme(OpenApiAuthenticationExtension):

@@ -38,6 +38,10 @@ class Agent(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            ("cordon_agent", "Can cordon and uncordon agents"),
+            ("drain_agent", "Can drain agents (cordon, move their replicas away)"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -310,15 +314,25 @@ class ScalingEvent(models.Model):
 
 class ApiToken(models.Model):
     """A staff member's token for the REST API: stored as SHA-256, found by its visible
-    prefix (DESIGN, Decisions: "Keys and tokens"); the clear token is shown once."""
+    prefix (DESIGN, Decisions: "Keys and tokens"); the clear token is shown once.
+
+    A token expires ``LLMGW_API_TOKEN_TTL`` after it was issued (0: never); the expiry is
+    computed from ``created_at`` on every use, so shortening the setting takes effect at
+    once, for tokens issued before too. Deleting the row (the admin's REST API tokens page)
+    revokes it at once: every request looks the token up."""
+
+    #: ``last_used_at`` is written at most this often per token (seconds), not per request.
+    LAST_USED_RESOLUTION_S = 60
 
     user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="llmgw_api_tokens")
     prefix = models.CharField(max_length=64, db_index=True)
     sha256 = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "REST API token"
+        ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.user} ({self.prefix}…)"
@@ -329,3 +343,29 @@ class ApiToken(models.Model):
         clear = tokens.new_token("api")
         cls.objects.create(user=user, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear))
         return clear
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the token stops working (``created_at`` + ``LLMGW_API_TOKEN_TTL``), or None
+        when tokens do not expire (TTL 0)."""
+        from django.conf import settings
+
+        ttl_s = float(getattr(settings, "LLMGW_API_TOKEN_TTL_S", 0) or 0)
+        if ttl_s <= 0 or self.created_at is None:
+            return None
+        return self.created_at + timedelta(seconds=ttl_s)
+
+    def expired(self, now: datetime | None = None) -> bool:
+        expires_at = self.expires_at
+        return expires_at is not None and expires_at <= (now or timezone.now())
+
+    def touch(self, now: datetime | None = None) -> None:
+        """Record a use, writing at most once per ``LAST_USED_RESOLUTION_S`` (a conditional
+        UPDATE: concurrent requests do not pile up writes)."""
+        now = now or timezone.now()
+        if self.last_used_at and (now - self.last_used_at).total_seconds() < self.LAST_USED_RESOLUTION_S:
+            return
+        cutoff = now - timedelta(seconds=self.LAST_USED_RESOLUTION_S)
+        ApiToken.objects.filter(pk=self.pk).filter(
+            models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=cutoff)).update(last_used_at=now)
+        self.last_used_at = now

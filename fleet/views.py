@@ -5,6 +5,9 @@ actions from ``fleet.operations``.
 Actions that take capacity away (stop or start the cluster, drain an agent, evict a model)
 answer GET with a confirmation page and act on POST; cordon, uncordon and want act on POST
 at once. Every action redirects back to the dashboard with a message.
+
+Each action needs the permission of its act (``llmgw.permissions``), the same as the admin
+and the REST API; the page shows only the buttons the user may use.
 """
 
 from __future__ import annotations
@@ -27,11 +30,7 @@ from catalog.models import Model
 from fleet import dashboard as data
 from fleet import operations
 from fleet.models import Agent
-
-#: The permission each kind of action needs (superusers have them all).
-AGENT_PERM = "fleet.change_agent"
-CLUSTER_PERM = "catalog.change_clustersettings"
-MODEL_PERM = "catalog.change_model"
+from llmgw.permissions import Act, can
 
 
 #: CSRF tokens are masked differently on every render: they are no change to the page.
@@ -41,13 +40,17 @@ CSRF_INPUT = re.compile(r'<input type="hidden" name="csrfmiddlewaretoken" value=
 def _context(request: HttpRequest, **extra) -> dict:
     user = request.user
     refresh_s = float(getattr(settings, "LLMGW_DASHBOARD_REFRESH_S", 5.0))
+    flags = {f"can_{act}": can(user, act) for act in (Act.STOP_CLUSTER, Act.START_CLUSTER, Act.CORDON_AGENT,
+                                                      Act.DRAIN_AGENT, Act.WANT_MODEL, Act.EVICT_MODEL)}
     return {
         **admin.site.each_context(request),
         "is_nav_sidebar_enabled": False,
         "d": data.load(),
-        "can_agents": user.has_perm(AGENT_PERM),
-        "can_cluster": user.has_perm(CLUSTER_PERM),
-        "can_models": user.has_perm(MODEL_PERM),
+        **flags,
+        # Whether a section has any button at all.
+        "can_agents": flags["can_cordon_agent"] or flags["can_drain_agent"],
+        "can_cluster": flags["can_stop_cluster"] or flags["can_start_cluster"],
+        "can_models": flags["can_want_model"] or flags["can_evict_model"],
         "refresh_ms": int(1000 * refresh_s),
         "refresh_s": f"{refresh_s:g}",
         **extra,
@@ -78,15 +81,15 @@ def _back() -> HttpResponseRedirect:
     return HttpResponseRedirect(reverse("dashboard:index"))
 
 
-def _require(request: HttpRequest, perm: str) -> None:
-    if not request.user.has_perm(perm):
+def _require(request: HttpRequest, act: Act) -> None:
+    if not can(request.user, act):
         raise PermissionDenied
 
 
-def _confirm(request: HttpRequest, perm: str, title: str, explanation: str, button: str, danger: bool,
+def _confirm(request: HttpRequest, act: Act, title: str, explanation: str, button: str, danger: bool,
              action: Callable[[], str]) -> HttpResponse:
     """GET: a confirmation page. POST: run ``action`` (it returns the message to show)."""
-    _require(request, perm)
+    _require(request, act)
     if request.method == "POST":
         try:
             messages.success(request, action())
@@ -104,7 +107,7 @@ def cluster_stop(request: HttpRequest) -> HttpResponse:
         return "Cluster stopped: every replica drains and stops." if changed else "The cluster was already stopped."
 
     return _confirm(
-        request, CLUSTER_PERM, "Stop the cluster",
+        request, Act.STOP_CLUSTER, "Stop the cluster",
         "Every replica will drain and stop, freeing every GPU, and /v1/ will answer 503 system_stopped "
         "until the cluster is started again. No model's definition changes.",
         "Yes, stop the cluster", True, stop)
@@ -114,13 +117,13 @@ def cluster_start(request: HttpRequest) -> HttpResponse:
     def start() -> str:
         return "Cluster started." if operations.start_cluster() else "The cluster was already serving."
 
-    return _confirm(request, CLUSTER_PERM, "Start the cluster",
+    return _confirm(request, Act.START_CLUSTER, "Start the cluster",
                     "Models will be placed again as the catalog asks.", "Yes, start the cluster", False, start)
 
 
 @require_POST
 def agent_cordon(request: HttpRequest, pk: int) -> HttpResponse:
-    _require(request, AGENT_PERM)
+    _require(request, Act.CORDON_AGENT)
     agent = get_object_or_404(Agent, pk=pk)
     changed = operations.set_cordoned(agent, True)
     messages.success(request, f"Cordoned {agent.name}: nothing new is placed on it." if changed
@@ -130,7 +133,7 @@ def agent_cordon(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def agent_uncordon(request: HttpRequest, pk: int) -> HttpResponse:
-    _require(request, AGENT_PERM)
+    _require(request, Act.CORDON_AGENT)
     agent = get_object_or_404(Agent, pk=pk)
     changed = operations.set_cordoned(agent, False)
     messages.success(request, f"Uncordoned {agent.name}." if changed else f"Not cordoned: {agent.name}.")
@@ -145,7 +148,7 @@ def agent_drain(request: HttpRequest, pk: int) -> HttpResponse:
         return f"Drained {agent.name} (now cordoned): {moved} replica(s) moving to other agents."
 
     return _confirm(
-        request, AGENT_PERM, f"Drain {agent.name}",
+        request, Act.DRAIN_AGENT, f"Drain {agent.name}",
         f"{agent.name} will be cordoned; its ready replicas drain (in-flight requests finish) and stop, "
         "replicas still starting stop at once, and the reconciler places their successors on other agents.",
         f"Yes, drain {agent.name}", True, drain)
@@ -153,7 +156,7 @@ def agent_drain(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def model_want(request: HttpRequest, pk: int) -> HttpResponse:
-    _require(request, MODEL_PERM)
+    _require(request, Act.WANT_MODEL)
     model = get_object_or_404(Model, pk=pk)
     try:
         operations.want_model(model)
@@ -172,6 +175,6 @@ def model_evict(request: HttpRequest, pk: int) -> HttpResponse:
         return f"Evicted {model.name}: {moved} replica(s) draining."
 
     return _confirm(
-        request, MODEL_PERM, f"Evict {model.name}",
+        request, Act.EVICT_MODEL, f"Evict {model.name}",
         f"{model.name}'s replicas drain and stop and its demand is forgotten; the next request for it "
         "starts it again.", f"Yes, evict {model.name}", True, evict)

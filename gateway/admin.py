@@ -5,6 +5,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from gateway.models import ApiKey, UsageRecord
+from llmgw.permissions import Act, can
 
 
 @admin.register(ApiKey)
@@ -18,6 +19,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ("prefix", "revoked_at", "created_at")
     filter_horizontal = ("allowed_models",)
     actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return can(request.user, Act.CREATE_KEY)
+
+    def has_revoke_permission(self, request) -> bool:
+        return can(request.user, Act.REVOKE_KEY)
 
     @admin.display(description="models")
     def models_allowed(self, obj: ApiKey) -> str:
@@ -35,7 +42,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Revoke (applies within a fraction of a second)")
+    @admin.action(description="Revoke (applies within a fraction of a second)", permissions=["revoke"])
     def revoke(self, request, queryset):
         for key in queryset:
             key.revoke()

@@ -1,5 +1,7 @@
-"""REST API for /v1/ keys (staff only): create (the clear key is answered once), list,
-change, revoke. Keys are revoked, not deleted, so usage records keep naming them."""
+"""REST API for /v1/ keys: create (the clear key is answered once), list, change, revoke.
+Keys are revoked, not deleted, so usage records keep naming them. Creating and revoking
+are acts with permissions of their own (``llmgw.permissions``); list and change need the
+model's view/change permission."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from rest_framework.response import Response
 
 from gateway.models import ApiKey
 from gateway.serializers import ApiKeyCreatedSerializer, ApiKeySerializer
+from llmgw.permissions import Act
 
 
 @extend_schema_view(create=extend_schema(responses={201: ApiKeyCreatedSerializer}))
 class ApiKeyViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = ApiKey.objects.prefetch_related("allowed_models")
     serializer_class = ApiKeySerializer
+    act_permissions = {"create": Act.CREATE_KEY, "revoke": Act.REVOKE_KEY}
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)

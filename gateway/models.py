@@ -29,6 +29,7 @@ class ApiKey(models.Model):
     class Meta:
         ordering = ["name"]
         verbose_name = "API key"
+        permissions = [("revoke_apikey", "Can revoke API keys")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

@@ -1,4 +1,5 @@
-"""URL map of the REST API, mounted at /api/ (staff only: session, basic or token auth).
+"""URL map of the REST API, mounted at /api/ (staff with the matching permission: see
+``llmgw.permissions``; session, basic or token auth).
 
 The OpenAI-shaped gateway is /v1/, not here. The schema is /api/schema/ (OpenAPI 3, by
 drf-spectacular), browsable at /api/schema/ui/; DRF's own browsable pages answer any
@@ -8,12 +9,20 @@ endpoint opened in a browser.
 from django.contrib.auth.views import redirect_to_login
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework import exceptions
-from rest_framework.routers import DefaultRouter
+from rest_framework import exceptions, permissions
+from rest_framework.routers import APIRootView, DefaultRouter
 
 from catalog import api as catalog_api
 from fleet import api as fleet_api
 from gateway import api as gateway_api
+
+
+class StaffRootView(APIRootView):
+    """DRF's index of the API's resources: staff only, like the schema (it lists links,
+    no rows)."""
+
+    permission_classes = [permissions.IsAdminUser]
+
 
 class SwaggerPage(SpectacularSwaggerView):
     """Swagger UI; a browser that is not logged in is sent to the admin's login page and
@@ -28,6 +37,7 @@ class SwaggerPage(SpectacularSwaggerView):
 
 
 router = DefaultRouter()
+router.APIRootView = StaffRootView
 router.register("models", catalog_api.ModelViewSet, basename="model")
 router.register("profiles", catalog_api.ProfileViewSet, basename="profile")
 router.register("schedule-windows", catalog_api.ScheduleWindowViewSet, basename="schedulewindow")

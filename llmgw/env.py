@@ -58,11 +58,11 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
     return parsed
 
 
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration_s(text: str) -> float:
-    """Parse ``"250ms"``, ``"5s"``, ``"10m"``, ``"1h"`` or a bare number of seconds.
+    """Parse ``"250ms"``, ``"5s"``, ``"10m"``, ``"1h"``, ``"30d"`` or a bare number of seconds.
 
     Returns seconds as a float; raises ValueError for anything else or a negative value.
     """
@@ -88,5 +88,5 @@ def env_duration_s(name: str, default_s: float) -> float:
         return parse_duration_s(value)
     except ValueError:
         raise ConfigError(
-            f"{PREFIX}{name}={value!r} is not a duration (examples: 500ms, 5s, 10m, 1h)"
+            f"{PREFIX}{name}={value!r} is not a duration (examples: 500ms, 5s, 10m, 1h, 30d)"
         ) from None

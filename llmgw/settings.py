@@ -145,8 +145,32 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# --- Cache: counters shared by every web process (failed-login throttling) ----------------
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": env_str("REDIS_PREFIX", "llmgw") + ":cache",
+        }
+    }
+else:
+    # One process (the embedded default) or tests: in memory is enough.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "llmgw"}}
+
 # --- Auth, i18n, static -------------------------------------------------------------------
-AUTH_PASSWORD_VALIDATORS = []
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+#: REST API tokens (POST /api/auth/token/) stop working this long after they were issued; 0: never.
+LLMGW_API_TOKEN_TTL_S = env_duration_s("API_TOKEN_TTL", 30 * 86400.0)
+#: Failed logins (token endpoint, HTTP basic) allowed per username and per client address
+#: in each window; beyond it both answer 429 with Retry-After, even a correct password.
+LLMGW_AUTH_FAILURE_LIMIT = env_int("AUTH_FAILURE_LIMIT", 5, minimum=1)
+LLMGW_AUTH_FAILURE_WINDOW_S = env_duration_s("AUTH_FAILURE_WINDOW", 60.0)
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -155,12 +179,18 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
 REST_FRAMEWORK = {
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Staff *and* the model permission (view/add/change/delete) or the act's permission
+    # (llmgw.permissions: one permission per act for the admin, dashboard and API).
+    "DEFAULT_PERMISSION_CLASSES": ["llmgw.permissions.StaffModelPermissions"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "fleet.api_auth.ThrottledBasicAuthentication",
         "fleet.api_auth.HashedTokenAuthentication",
     ],
+    # Proxies in front that append to X-Forwarded-For: failed logins are then counted per
+    # the address the last of them saw. 0 (the default): the socket's peer, never the header
+    # (DRF's None would trust a client-written X-Forwarded-For and so dodge the throttle).
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0, minimum=0),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {

@@ -29,10 +29,20 @@ def basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
+def grant_every_llmgw_permission(user) -> None:
+    """Every permission of the catalog, fleet and gateway apps (not a superuser: what the
+    API allows must come from the permissions; tests/test_permissions.py checks each one)."""
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["catalog", "fleet", "gateway"]))
+
+
 @pytest.fixture
 def staff(django_user_model):
-    """A staff member without any model permission: the API asks only for staff."""
-    django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    """A staff member holding every llmgw permission (a staff member without them is
+    refused: tests/test_permissions.py)."""
+    user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    grant_every_llmgw_permission(user)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=basic("ops", "pw"))
     return client
@@ -301,7 +311,7 @@ def schemathesis_config(ids: dict[str, int], doomed: dict[str, int]) -> str:
 def test_schemathesis_finds_no_server_errors(live_server, world, make_model, django_user_model, tmp_path):
     """Every operation of /api/schema/, with generated valid and invalid data, as a staff
     member (basic auth) against a live server; real ids so detail routes are reached."""
-    django_user_model.objects.create_user("fuzz", password="pw", is_staff=True)
+    grant_every_llmgw_permission(django_user_model.objects.create_user("fuzz", password="pw", is_staff=True))
     spare = Profile.objects.create(name="spare", command="x --port {port}", cpu_cores=1)
     doomed = make_model("doomed", min_replicas=0, on_demand=True)
     window = ScheduleWindow.objects.create(model=world["model"], weekdays="sat", start=datetime.time(1),

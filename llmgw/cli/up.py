@@ -77,7 +77,20 @@ def ensure_admin(stdout) -> tuple[str, str]:
 
     users = get_user_model()
     path = Path(settings.DATA_DIR) / "admin_password"
-    password = os.environ.get("LLMGW_ADMIN_PASSWORD") or (path.read_text().strip() if path.exists() else "")
+    supplied = os.environ.get("LLMGW_ADMIN_PASSWORD", "")
+    if supplied:
+        # The operator's choice is held to AUTH_PASSWORD_VALIDATORS, like any password set in
+        # the admin (the generated one passes them).
+        from django.contrib.auth.password_validation import validate_password
+        from django.core.exceptions import ValidationError
+        from django.core.management.base import CommandError
+
+        try:
+            validate_password(supplied, users(username="admin", email="admin@localhost"))
+        except ValidationError as exc:
+            raise CommandError("LLMGW_ADMIN_PASSWORD is not accepted: " + " ".join(exc.messages)
+                               + " Choose a longer, less common one, or unset it to have one generated.") from None
+    password = supplied or (path.read_text().strip() if path.exists() else "")
     if not password:
         password = secrets.token_urlsafe(12)
     user = users.objects.filter(username="admin").first()

