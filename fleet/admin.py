@@ -24,7 +24,7 @@ class AgentAdmin(admin.ModelAdmin):
     list_filter = ("connected", "cordoned")
     search_fields = ("name", "address")
     readonly_fields = ("token_prefix", "connected", "connected_since", "last_seen_at", "version", "address",
-                       "cpu_cores", "memory_mib", "generation", "session")
+                       "cpu_cores", "memory_mib", "generation", "restart_generation", "session")
     exclude = ("token_sha256",)
     inlines = [GpuInline]
     actions = ["cordon", "uncordon", "drain"]

@@ -85,6 +85,18 @@ async def watcher_cleanup():
 
 
 @pytest.fixture(autouse=True)
+def fresh_login_counters(monkeypatch):
+    """Failed-login counters (fleet.auth_throttle) of their own for each test, so one
+    test's failures never throttle the next one's logins. A new key prefix, not
+    ``cache.clear()``: on Redis that would flush the whole database other runs share."""
+    import uuid
+
+    from fleet import auth_throttle
+
+    monkeypatch.setattr(auth_throttle, "KEY", f"llmgw:auth-failures:test-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(autouse=True)
 def fresh_channel_layer():
     """A new channel layer object for each test. channels keeps one per process, but each
     async test runs in an event loop of its own, and channels_redis's layer holds loop-bound
