@@ -1,0 +1,261 @@
+"""REST API tokens and password logins, tried as an attacker would: an expired token is
+refused (401, saying so); guessing passwords at the token endpoint or with HTTP basic is
+throttled per username and per client address (429 with Retry-After, a correct password
+included, until the window ends; a success does not count; a forged X-Forwarded-For does
+not dodge it); the admin lists tokens and deleting one stops it at once; password
+validators are on and ``llmgw up`` says clearly when an operator's password fails them."""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.management.base import CommandError
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from fleet import auth_throttle
+from fleet.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def basic(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+@pytest.fixture
+def ops(django_user_model):
+    """A staff member who may read the cluster's status (so a 200 proves the login)."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("ops", password="right-horse-battery", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_clustersettings"))
+    return user
+
+
+def get_token(password: str = "right-horse-battery", username: str = "ops", **extra):
+    return APIClient(**extra).post("/api/auth/token/", {"username": username, "password": password}, format="json")
+
+
+def with_token(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The throttle's clock, moved by hand (the cache's own expiry is only a bound)."""
+    now = [1_000_000.0 * 60]
+
+    monkeypatch.setattr(auth_throttle, "_now", lambda: now[0])
+    return now
+
+
+# --- Expiry ------------------------------------------------------------------------------------
+
+
+def test_a_token_works_until_it_expires_then_answers_401_saying_so(ops, settings):
+    settings.LLMGW_API_TOKEN_TTL_S = 3600
+    token = get_token().json()["token"]
+    assert with_token(token).get("/api/cluster/").status_code == 200
+    row = ApiToken.objects.get()
+    assert row.last_used_at is not None and row.expires_at == row.created_at + timedelta(hours=1)
+    ApiToken.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(hours=1, seconds=1))
+    answer = with_token(token).get("/api/cluster/")
+    assert answer.status_code == 401
+    assert "Token expired" in answer.json()["detail"] and "POST /api/auth/token/" in answer.json()["detail"]
+    assert answer["WWW-Authenticate"] == "Token"
+    # Lengthening the TTL applies to tokens already issued (the expiry is computed on use).
+    settings.LLMGW_API_TOKEN_TTL_S = 7200
+    assert with_token(token).get("/api/cluster/").status_code == 200
+
+
+def test_the_default_ttl_is_thirty_days_and_zero_means_never(ops, settings):
+    from django.conf import settings as conf
+
+    assert conf.LLMGW_API_TOKEN_TTL_S == 30 * 86400
+    token = get_token().json()["token"]
+    ApiToken.objects.update(created_at=timezone.now() - timedelta(days=31))
+    assert with_token(token).get("/api/cluster/").status_code == 401
+    settings.LLMGW_API_TOKEN_TTL_S = 0
+    assert with_token(token).get("/api/cluster/").status_code == 200
+    assert ApiToken.objects.get().expires_at is None
+
+
+def test_last_use_is_written_at_most_once_a_minute(ops):
+    token = get_token().json()["token"]
+    with_token(token).get("/api/cluster/")
+    first = ApiToken.objects.get().last_used_at
+    with_token(token).get("/api/cluster/")
+    assert ApiToken.objects.get().last_used_at == first
+    ApiToken.objects.update(last_used_at=first - timedelta(minutes=2))
+    with_token(token).get("/api/cluster/")
+    assert ApiToken.objects.get().last_used_at > first
+
+
+# --- Throttling the token endpoint --------------------------------------------------------------
+
+
+def test_the_sixth_failed_token_request_in_a_window_is_429_and_then_even_the_right_password(ops, clock):
+    for _ in range(5):
+        assert get_token("guess").status_code == 400
+    answer = get_token("guess")
+    assert answer.status_code == 429
+    assert int(answer["Retry-After"]) >= 1 and "Too many failed logins" in answer.json()["detail"]
+    refused = get_token()  # the right password, still inside the window
+    assert refused.status_code == 429 and "token" not in refused.json()
+    assert not ApiToken.objects.exists()
+    clock[0] += 61  # the window has passed
+    assert get_token().status_code == 200
+    assert ApiToken.objects.count() == 1
+
+
+def test_retry_after_says_when_the_window_ends(ops, clock):
+    clock[0] += 15  # 15 s into a window of 60
+    for _ in range(5):
+        get_token("guess")
+    assert get_token("guess")["Retry-After"] == "45"
+
+
+def test_failures_count_per_username_across_addresses(ops, clock):
+    for n in range(5):
+        assert get_token("guess", REMOTE_ADDR=f"10.0.0.{n + 1}").status_code == 400
+    assert get_token(REMOTE_ADDR="10.0.9.9").status_code == 429
+    # Another user from yet another address is not affected.
+    ops.__class__.objects.create_user("other", password="another-long-secret", is_staff=True)
+    assert get_token("another-long-secret", username="other", REMOTE_ADDR="10.0.9.8").status_code == 200
+
+
+def test_failures_count_per_address_across_usernames_and_a_forged_forwarded_for_changes_nothing(ops, clock):
+    for n in range(5):
+        answer = get_token("guess", username=f"user{n}", REMOTE_ADDR="203.0.113.7",
+                           HTTP_X_FORWARDED_FOR=f"198.51.100.{n}")
+        assert answer.status_code == 400
+    assert get_token(REMOTE_ADDR="203.0.113.7", HTTP_X_FORWARDED_FOR="192.0.2.1").status_code == 429
+    assert get_token(REMOTE_ADDR="203.0.113.8").status_code == 200  # ops itself had no failure
+
+
+def test_a_success_does_not_count_nor_reset_the_failures(ops, clock):
+    for _ in range(4):
+        get_token("guess")
+    assert get_token().status_code == 200
+    assert get_token("guess").status_code == 400  # the fifth failure
+    assert get_token().status_code == 429
+
+
+def test_usernames_are_counted_whatever_their_case(ops, clock):
+    for n in range(5):
+        get_token("guess", username="OPS" if n % 2 else "ops", REMOTE_ADDR=f"10.1.0.{n}")
+    assert get_token(REMOTE_ADDR="10.1.1.1").status_code == 429
+
+
+def test_a_malformed_token_request_is_a_400_not_a_500(clock):
+    assert APIClient().post("/api/auth/token/", [1, 2], format="json").status_code == 400
+    assert APIClient().post("/api/auth/token/", {"username": ["x"], "password": 5}, format="json").status_code == 400
+
+
+# --- Throttling HTTP basic ------------------------------------------------------------------------
+
+
+def test_basic_auth_failures_are_throttled_too_and_share_the_counters(ops, clock):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=basic("ops", "guess"))
+    for _ in range(5):
+        assert client.get("/api/cluster/").status_code == 401
+    assert client.get("/api/cluster/").status_code == 429
+    client.credentials(HTTP_AUTHORIZATION=basic("ops", "right-horse-battery"))
+    answer = client.get("/api/cluster/")
+    assert answer.status_code == 429 and int(answer["Retry-After"]) >= 1
+    assert get_token().status_code == 429  # the token endpoint sees the same failures
+    clock[0] += 61
+    assert client.get("/api/cluster/").status_code == 200
+
+
+def test_a_throttled_basic_login_changes_nothing(ops, clock):
+    from catalog.models import ClusterSettings
+    from django.contrib.auth.models import Permission
+
+    ops.user_permissions.add(Permission.objects.get(codename="stop_cluster"))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=basic("ops", "guess"))
+    for _ in range(5):
+        client.post("/api/cluster/stop/")
+    client.credentials(HTTP_AUTHORIZATION=basic("ops", "right-horse-battery"))
+    assert client.post("/api/cluster/stop/").status_code == 429
+    assert not ClusterSettings.get_solo().stopped
+
+
+# --- The admin's list of tokens ---------------------------------------------------------------------
+
+
+def test_the_admin_lists_tokens_and_deleting_one_stops_it_at_once(ops, admin_client):
+    token = get_token().json()["token"]
+    assert with_token(token).get("/api/cluster/").status_code == 200
+    row = ApiToken.objects.get()
+    page = admin_client.get("/admin/fleet/apitoken/").content.decode()
+    assert row.prefix in page and "ops" in page and token not in page
+    assert "Last used at" in page or "last used" in page.lower()
+    assert admin_client.get("/admin/fleet/apitoken/add/").status_code == 403
+    answer = admin_client.post("/admin/fleet/apitoken/", {"action": "delete_selected", "_selected_action": [row.pk],
+                                                          "post": "yes"})
+    assert answer.status_code == 302
+    assert not ApiToken.objects.exists()
+    answer = with_token(token).get("/api/cluster/")
+    assert answer.status_code == 401
+
+
+def test_revoking_tokens_in_the_admin_needs_its_permission(ops, client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    get_token()
+    row = ApiToken.objects.get()
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_apitoken"))
+    client.login(username="viewer", password="pw")
+    assert row.prefix in client.get("/admin/fleet/apitoken/").content.decode()
+    client.post("/admin/fleet/apitoken/", {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"})
+    assert client.post(f"/admin/fleet/apitoken/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert ApiToken.objects.filter(pk=row.pk).exists()
+
+
+# --- Password validators -------------------------------------------------------------------------------
+
+
+def test_password_validators_are_on(django_user_model):
+    user = django_user_model(username="alice")
+    for weak in ("pw", "password123", "12345678901", "alice1"):
+        with pytest.raises(ValidationError):
+            validate_password(weak, user)
+    validate_password("correct horse battery staple 9", user)
+
+
+def test_up_refuses_an_operator_password_that_fails_the_validators_clearly(monkeypatch, tmp_path, settings):
+    from django.contrib.auth import get_user_model
+
+    from llmgw.cli.up import ensure_admin
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setenv("LLMGW_ADMIN_PASSWORD", "admin")
+    with pytest.raises(CommandError) as refused:
+        ensure_admin(None)
+    assert "LLMGW_ADMIN_PASSWORD is not accepted" in str(refused.value) and "too short" in str(refused.value)
+    assert not get_user_model().objects.filter(username="admin").exists()
+    assert not (tmp_path / "admin_password").exists()
+
+
+def test_up_generates_a_password_the_validators_accept(monkeypatch, tmp_path, settings):
+    from django.contrib.auth import get_user_model
+
+    from llmgw.cli.up import ensure_admin
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.delenv("LLMGW_ADMIN_PASSWORD", raising=False)
+    _, password = ensure_admin(None)
+    user = get_user_model().objects.get(username="admin")
+    validate_password(password, user)
+    assert user.check_password(password)
