@@ -24,6 +24,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from catalog.models import Model, Profile
 from llmgw.permissions import Act, can, permission_for
 
 audit_log = logging.getLogger("llmgw.audit")
@@ -51,22 +52,14 @@ def is_code_weights(uri: str | None) -> bool:
     return bool(sep) and scheme in CODE_SCHEMES
 
 
-def _profile_class():
-    from catalog.models import Profile
-
-    return Profile
-
-
 def changes(model_class: type, before: Any | None, after: dict[str, Any]) -> list[Change]:
     """The engine-code changes that saving ``after`` (field → new value, as a form or a
     serializer would set them; missing fields keep their old value) over ``before`` (the
     stored object, or None when creating one) makes, for a ``Profile`` or a ``Model``.
     Saving needs ``Act.CHANGE_ENGINE_CODE`` exactly when this is not empty (creating a
     profile always is)."""
-    from catalog.models import Model
-
     out = []
-    if issubclass(model_class, _profile_class()):
+    if issubclass(model_class, Profile):
         for field in ("command", "env"):
             old = getattr(before, field) if before is not None else None
             new = after.get(field, old if before is not None else ({} if field == "env" else ""))
@@ -82,7 +75,7 @@ def changes(model_class: type, before: Any | None, after: dict[str, Any]) -> lis
 
 def denial(model_class: type, creating: bool) -> str:
     """The message a refused user gets (403 in the API, a field error in the admin)."""
-    if issubclass(model_class, _profile_class()):
+    if issubclass(model_class, Profile):
         what = "Creating an engine profile" if creating else "Changing a profile's command or environment"
     else:
         what = "Setting pypi: or file: weights"
@@ -133,5 +126,5 @@ def record(user, obj: Any, found: list[Change], via: str) -> str | None:
     creating = all(c.before is None for c in found)
     LogEntry.objects.log_actions(user.pk, [obj], ADDITION if creating else CHANGE, change_message=message,
                                  single_object=True)
-    audit_log.warning(message)
+    audit_log.info(message)
     return message

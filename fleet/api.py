@@ -25,7 +25,8 @@ from rest_framework.views import APIView
 
 from catalog.api import int_param
 from catalog.models import Model
-from fleet.models import Agent, Replica
+from fleet import auth_throttle
+from fleet.models import Agent, ApiToken, Replica
 from fleet.operations import (
     cluster_status,
     drain_agent,
@@ -210,9 +211,6 @@ class ObtainToken(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 429: OpenApiTypes.OBJECT})
     def post(self, request):
-        from fleet import auth_throttle
-        from fleet.models import ApiToken
-
         username = request.data.get("username") if hasattr(request.data, "get") else None
         username = username if isinstance(username, str) else None
         address = auth_throttle.client_address(request)

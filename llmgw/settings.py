@@ -219,6 +219,8 @@ LOGGING = {
         "django.channels.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "django-q": {"level": "WARNING"},
+        # Who changed engine code (catalog.engine_code): kept whatever LLMGW_LOG_LEVEL says.
+        "llmgw.audit": {"level": "INFO"},
     },
 }
 
