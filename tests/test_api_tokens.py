@@ -259,3 +259,9 @@ def test_up_generates_a_password_the_validators_accept(monkeypatch, tmp_path, se
     user = get_user_model().objects.get(username="admin")
     validate_password(password, user)
     assert user.check_password(password)
+
+
+def test_the_ttl_setting_takes_days():
+    from llmgw.env import parse_duration_s
+
+    assert parse_duration_s("30d") == 30 * 86400 and parse_duration_s("12h") == 43200
