@@ -217,3 +217,8 @@ LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)
 #: When set, /metrics asks for ``Authorization: Bearer <it>`` (Prometheus' bearer_token).
 LLMGW_METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 LLMGW_PLACING_TIMEOUT_S = env_duration_s("PLACING_TIMEOUT", 120.0)
+#: Largest message an agent may send over its websocket; larger ones get an error answer.
+LLMGW_AGENT_MAX_MESSAGE_BYTES = env_int("AGENT_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
+#: How often a connected agent's token is re-checked (on its heartbeats): the bound on how
+#: long a re-keyed or deleted agent keeps a websocket that no shared channel layer closed.
+LLMGW_AGENT_TOKEN_RECHECK_S = env_duration_s("AGENT_TOKEN_RECHECK", 5.0)
