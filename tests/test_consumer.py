@@ -381,3 +381,26 @@ async def test_a_consumer_that_fails_marks_its_agent_disconnected_and_closes(wat
     ws = communicator(token)  # and it may come back
     assert (await ws.connect())[0]
     await ws.disconnect()
+
+
+async def test_llmgw_agents_rekey_prints_the_new_token_once_and_drops_the_connection(watcher_cleanup):
+    import io
+
+    from django.core.management import call_command
+
+    from fleet.consumers import REVOKED_CLOSE_CODE
+
+    agent, old_token, ws = await connected_agent()
+    out = io.StringIO()
+    await sync_to_async(call_command)("llmgw", "agents", "rekey", "gpu-1", stdout=out)
+    assert await close_code(ws) == REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    text = out.getvalue()
+    new_token = text.split("gpu-1: token ", 1)[1].split()[0]
+    assert text.count(new_token) == 1 and old_token not in text
+    assert await is_refused(old_token)
+    assert (await sync_to_async(Agent.authenticate)(new_token)).pk == agent.pk
+    with pytest.raises(SystemExit) as exit_info:
+        await sync_to_async(call_command)("llmgw", "agents", "rekey", "nobody", stdout=io.StringIO(),
+                                          stderr=io.StringIO())
+    assert exit_info.value.code == 1
