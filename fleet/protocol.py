@@ -183,10 +183,10 @@ def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, opt
 
 
 def _check_inventory(message: dict, *, optional: bool) -> None:
-    _require(message, "inventory", (dict,), "an object", optional=optional)
-    inventory = message.get("inventory")
-    if inventory is None:
-        return
+    if optional and message.get("inventory") is None:
+        return  # absent or null: nothing reported
+    _require(message, "inventory", (dict,), "an object")
+    inventory = message["inventory"]
     for key in ("cpu_cores", "memory_mib"):
         _require(inventory, key, (int,), "an integer", optional=True)
     _require(inventory, "gpus", (list,), "a list", optional=True)
