@@ -87,9 +87,58 @@ class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         return super().has_add_permission(request) and engine_code.allowed(request.user)
 
 
-class WeightsGuardForm(forms.ModelForm):
+class SecretKeyField(forms.CharField):
+    """A write-only secret: a password input that never renders the stored value, where
+    blank means "leave it unchanged" (so it only counts as changed when something is typed,
+    and the admin's history names the field, never a value)."""
+
+    widget = forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
+
+    def has_changed(self, initial, data) -> bool:
+        return bool(data)
+
+
+class ModelAdminForm(forms.ModelForm):
+    """The model form with ``external_api_key`` write-only (issue 12, "secrets stay
+    secret"): shown as set / not set, replaced by typing a new key, removed with
+    ``clear_external_api_key``; left blank, the stored key stays."""
+
+    external_api_key = SecretKeyField(
+        required=False, max_length=500, strip=True, label="External API key",
+        help_text="Write-only: type a key to set or replace it; leave blank to keep the stored one.")
+    clear_external_api_key = forms.BooleanField(required=False, label="Clear the stored external API key")
+
+    class Meta:
+        model = Model
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        stored = bool(self.instance and self.instance.pk and self.instance.external_api_key)
+        self.initial["external_api_key"] = ""  # never sent to the browser
+        self.fields["external_api_key"].help_text = (
+            ("A key is set." if stored else "No key is set.") + " " + self.fields["external_api_key"].help_text)
+
+    def clean_external_api_key(self) -> str:
+        typed = self.cleaned_data.get("external_api_key") or ""
+        if typed:
+            return typed
+        return self.instance.external_api_key if self.instance and self.instance.pk else ""
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("clear_external_api_key"):
+            if self.data.get(self.add_prefix("external_api_key")):
+                self.add_error("clear_external_api_key", "Either type a new key or clear the stored one, not both.")
+            data["external_api_key"] = ""
+            self.instance.external_api_key = ""
+        return data
+
+
+class WeightsGuardForm(ModelAdminForm):
     """A model's form for users without the engine-code permission: ``pypi:`` and
-    ``file:`` weights are refused with the reason (other sources are fine)."""
+    ``file:`` weights are refused with the reason (other sources are fine); the external
+    key stays write-only as in :class:`ModelAdminForm`."""
 
     def clean_weights(self):
         value = self.cleaned_data.get("weights", "")
@@ -115,8 +164,25 @@ class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
         ("Requests", {"fields": ("default_max_tokens",)}),
-        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key"), "classes": ("collapse",)}),
+        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key"),
+                                         "classes": ("collapse",)}),
     )
+    form = ModelAdminForm
+
+    def get_fieldsets(self, request, obj=None):
+        """For someone who may only view a model, the key's field is read-only, and the
+        admin shows read-only fields' values: show whether one is set instead."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and not self.has_change_permission(request, obj):
+            secret = ("external_api_key", "clear_external_api_key")
+            fieldsets = [(name, {**options, "fields": tuple(
+                f for f in options["fields"] if f not in secret) + (("external_api_key_state",) if any(
+                    f in secret for f in options["fields"]) else ())}) for name, options in fieldsets]
+        return fieldsets
+
+    @admin.display(description="external API key")
+    def external_api_key_state(self, obj: Model) -> str:
+        return "set" if obj.external_api_key else "not set"
 
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))

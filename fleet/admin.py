@@ -2,7 +2,7 @@
 token) need the permissions of ``llmgw.permissions``, the same as the dashboard and the
 REST API ask for."""
 
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
 from llmgw.permissions import Act, can
@@ -27,7 +27,36 @@ class AgentAdmin(admin.ModelAdmin):
                        "cpu_cores", "memory_mib", "generation", "restart_generation", "session")
     exclude = ("token_sha256",)
     inlines = [GpuInline]
-    actions = ["cordon", "uncordon", "drain"]
+    actions = ["cordon", "uncordon", "drain", "rekey"]
+
+    def save_model(self, request, obj, form, change):
+        """A new agent gets its token here; it is shown once by :meth:`response_add`."""
+        super().save_model(request, obj, form, change)
+        if not change:
+            obj._clear_token = obj.rekey()  # on this object only: never stored in clear
+
+    def response_add(self, request, obj, post_url_continue=None):
+        clear = getattr(obj, "_clear_token", "")
+        if not clear:
+            return super().response_add(request, obj, post_url_continue)
+        return self._show_tokens(request, f"Agent {obj.name} added", [(obj.name, clear)])
+
+    def _show_tokens(self, request, title: str, tokens: list[tuple[str, str]]):
+        from django.urls import reverse
+
+        from fleet.shown_once import shown_once_response
+
+        return shown_once_response(
+            request, self.admin_site, title=title, explanation="Each agent's new token is below.",
+            secrets=tokens, back=reverse("admin:fleet_agent_changelist"),
+            usage="On the agent's machine: LLMGW_AGENT_TOKEN=<token> manage.py llmgw agent --server URL "
+                  "(in the environment, not on the command line, which every user can read with ps).")
+
+    @admin.action(description="Re-key (new token; the old one is refused and its connection closed at once)",
+                  permissions=["rekey"])
+    def rekey(self, request, queryset):
+        tokens = [(agent.name, agent.rekey()) for agent in queryset.order_by("name")]
+        return self._show_tokens(request, f"{len(tokens)} agent(s) re-keyed", tokens)
 
     @admin.display(description="GPUs")
     def gpu_count(self, obj: Agent) -> int:
@@ -40,23 +69,14 @@ class AgentAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return can(request.user, Act.REGISTER_AGENT)
 
+    def has_rekey_permission(self, request) -> bool:
+        return can(request.user, Act.REGISTER_AGENT)  # a new token is a new way in, like adding
+
     def has_cordon_permission(self, request) -> bool:
         return can(request.user, Act.CORDON_AGENT)
 
     def has_drain_permission(self, request) -> bool:
         return can(request.user, Act.DRAIN_AGENT)
-
-    def save_model(self, request, obj, form, change):
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        from fleet import tokens
-
-        clear = tokens.new_token("agent")
-        obj.set_token(clear)
-        super().save_model(request, obj, form, change)
-        messages.warning(request, f"The token for {obj.name} is {clear} — copy it now, it is not shown again. "
-                                  f"On the machine: manage.py llmgw agent --server URL --token {clear}")
 
     @admin.action(description="Cordon (place nothing new)", permissions=["cordon"])
     def cordon(self, request, queryset):

@@ -83,7 +83,7 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Agent.objects.prefetch_related("gpus")
     serializer_class = AgentSerializer
     act_permissions = {"create": Act.REGISTER_AGENT, "cordon": Act.CORDON_AGENT, "uncordon": Act.CORDON_AGENT,
-                       "drain": Act.DRAIN_AGENT}
+                       "drain": Act.DRAIN_AGENT, "rekey": Act.REGISTER_AGENT}
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
@@ -118,6 +118,16 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         was_cordoned = agent.cordoned
         moved = drain_agent(agent, request.user.get_username())
         return self._answer(agent, not was_cordoned or moved > 0, moved)
+
+
+    @extend_schema(request=None, responses={200: AgentCreatedSerializer})
+    @action(detail=True, methods=["post"])
+    def rekey(self, request, pk=None):
+        """A new token for this agent, answered once; the old one is refused from now on and
+        the agent's live websocket is closed (it reconnects with the new token)."""
+        agent = self.get_object()
+        agent.token = agent.rekey()
+        return Response(AgentCreatedSerializer(agent).data)
 
 
 class ReplicaPagination(LimitOffsetPagination):

@@ -1,78 +1,227 @@
 """The agents' websocket at ``/ws/agent/``: token checked on connect, then hello, status and
-heartbeats in; the full desired set (``assign``) and ``restart_agent`` out."""
+heartbeats in; the full desired set (``assign``) and ``restart_agent`` out.
+
+What an agent may not do (issue 12): authenticate other than with ``Authorization: Bearer``
+(query strings end up in access logs); keep its socket once its token was re-keyed or it was
+deleted (:func:`revoke_sessions` closes it through the channel layer, and the consumer
+re-checks its token on heartbeats for when no shared layer reaches it); advertise an address
+that is not an IP or host name; take the consumer down with binary frames or pathological
+JSON. If the consumer fails anyway, the agent's row is marked disconnected and the socket
+closed, so a row never says connected without a live socket.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
-from urllib.parse import parse_qs
+import time
 
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.conf import settings
 
 from fleet import protocol, reports
 from fleet.live import watcher
 
 log = logging.getLogger(__name__)
 
-REFUSED_CLOSE_CODE = 4401
+#: Close codes an agent may see (4000–4999 are the application's own).
+REFUSED_CLOSE_CODE = 4401  # missing or unknown token (before accept: HTTP 403)
+BAD_HELLO_CLOSE_CODE = 4400  # a hello the control plane will not record (bad address)
+REVOKED_CLOSE_CODE = 4403  # its token was re-keyed, or the agent was deleted
+FAILED_CLOSE_CODE = 1011  # the consumer failed; the agent reconnects
 
 
 def agent_group(agent_id: int) -> str:
+    """The channel-layer group of one agent's websocket (one member: its consumer)."""
     return f"agent.{agent_id}"
 
 
+def revoke_sessions(agent_id: int) -> None:
+    """Close the live websocket of agent ``agent_id`` now, in whichever web process holds
+    it: an ``agent.revoked`` event to its group. Call from sync code after the re-key or
+    delete is committed (``Agent.rekey``, the ``post_delete`` signal). Reaches other
+    processes only over a shared layer (Redis); otherwise the consumer's token re-check on
+    heartbeats (``LLMGW_AGENT_TOKEN_RECHECK``) closes it. Never raises: a layer that is
+    away must not fail the re-key itself."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(agent_group(agent_id), {"type": "agent.revoked"})
+    except Exception:
+        log.warning("could not tell the web processes that agent %s was revoked; its token re-check closes "
+                    "its websocket within LLMGW_AGENT_TOKEN_RECHECK", agent_id, exc_info=True)
+
+
 def _token_from_scope(scope) -> str:
+    """The token of ``Authorization: Bearer TOKEN``, or "". Only the header: a token in the
+    query string (``?token=``) is ignored, since URLs are written to access logs."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             text = value.decode("latin-1")
             if text.lower().startswith("bearer "):
                 return text[7:].strip()
-    query = parse_qs(scope.get("query_string", b"").decode())
-    return (query.get("token") or [""])[0]
+    return ""
+
+
+def _peer_is_loopback(scope) -> bool:
+    """Whether the agent connected over loopback. No client address at all (a unix socket,
+    an in-process test) counts as local."""
+    client = scope.get("client")
+    if not client or not client[0]:
+        return True
+    try:
+        ip = ipaddress.ip_address(client[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     """One connected agent."""
 
     agent_id: int = 0
+    agent_name: str = "?"
     sent_generation: int = -1
     restart_generation: int = 0
     session: str = ""
+    #: The hash of the token it connected with: a re-key or delete makes it stale.
+    token_sha256: str = ""
+    _checked_at: float = 0.0
+    _closed: bool = False
+    _cleaned: bool = False
+
+    async def dispatch(self, message) -> None:
+        """Channels' dispatch, with the rule that a failing consumer leaves no trace of a
+        live connection: any exception marks the agent disconnected, closes the socket
+        (1011) and ends this consumer; the agent reconnects."""
+        try:
+            await super().dispatch(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            log.exception("agent %s: the websocket consumer failed; closing the connection", self.agent_name)
+            try:
+                await self._cleanup()
+            except Exception:
+                log.warning("agent %s: could not mark it disconnected", self.agent_name, exc_info=True)
+            if not self._closed:
+                self._closed = True
+                try:
+                    await self.close(code=FAILED_CLOSE_CODE)
+                except Exception:
+                    pass
+            raise StopConsumer() from None
 
     async def connect(self) -> None:
         token = _token_from_scope(self.scope)
         agent = await database_sync_to_async(reports.authenticate)(token)
         if agent is None:
             client = self.scope.get("client") or ("?", 0)
-            log.warning("refused agent connection from %s: missing or unknown token", client[0])
+            why = "no Authorization: Bearer header" if not token else "unknown token"
+            log.warning("refused agent connection from %s: %s", client[0], why)
+            self._closed = True
             await self.close(code=REFUSED_CLOSE_CODE)
             return
         self.agent_id = agent.id
         self.agent_name = agent.name
+        self.token_sha256 = agent.token_sha256
         self.restart_generation = agent.restart_generation  # only later requests restart it
-        await self.accept()
-        self.session = await database_sync_to_async(reports.mark_connected)(agent.id)
+        # Join the group before the last token check: a re-key in between is either seen
+        # by the check or delivered to the group.
         if self.channel_layer is not None:
             await self.channel_layer.group_add(agent_group(agent.id), self.channel_name)
+        await self.accept()
+        self.session = await database_sync_to_async(reports.mark_connected)(agent.id)
         watcher.register_agent(self)
         watcher.ensure_started()
+        self._checked_at = time.monotonic()
+        if not await database_sync_to_async(reports.token_still_valid)(agent.id, self.token_sha256):
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
+            return
         log.info("agent %s connected", agent.name)
 
-    async def disconnect(self, code: int) -> None:
-        if not self.agent_id:
+    async def _cleanup(self) -> None:
+        """Forget this connection (once): watcher, group, and the row says disconnected."""
+        if self._cleaned or not self.agent_id:
             return
+        self._cleaned = True
         watcher.unregister_agent(self)
         if self.channel_layer is not None:
             await self.channel_layer.group_discard(agent_group(self.agent_id), self.channel_name)
         await database_sync_to_async(reports.mark_disconnected)(self.agent_id, self.session)
+
+    async def _drop(self, why: str, code: int) -> None:
+        """Close the connection from this end with ``code`` and ``why`` as the reason."""
+        log.warning("closing the connection of agent %s: %s", self.agent_name, why)
+        await self._cleanup()
+        if not self._closed:
+            self._closed = True
+            await self.close(code=code, reason=why[:120])  # a close reason is at most 123 bytes
+
+    async def disconnect(self, code: int) -> None:
+        if not self.agent_id:
+            return
+        await self._cleanup()
         log.info("agent %s disconnected (code %s)", self.agent_name, code)
+
+    async def _error(self, why: str) -> None:
+        log.warning("agent %s sent a bad message: %s", self.agent_name, why)
+        await self.send_json({"type": "error", "v": protocol.PROTOCOL_VERSION, "message": why})
+
+    async def websocket_receive(self, message) -> None:
+        await self.receive(text_data=message.get("text"), bytes_data=message.get("bytes"))
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        """One frame: JSON text of at most ``LLMGW_AGENT_MAX_MESSAGE_BYTES``, without NaN or
+        Infinity. Anything else (binary, oversized, undecodable, nested past Python's
+        recursion limit) is answered with an ``error`` message and the connection stays."""
+        if self._closed:
+            return
+        if text_data is None:
+            await self._error("binary frames are not part of the protocol: send JSON text")
+            return
+        limit = settings.LLMGW_AGENT_MAX_MESSAGE_BYTES
+        size = len(text_data) if len(text_data) * 4 <= limit else len(text_data.encode("utf-8", "replace"))
+        if size > limit:
+            await self._error(f"message of {size} bytes is over the limit of {limit} bytes")
+            return
+        try:
+            content = json.loads(text_data, parse_constant=_refuse_constant)
+        except RecursionError:
+            await self._error("message is nested too deeply")
+            return
+        except ValueError as exc:
+            await self._error(f"message is not valid JSON ({str(exc)[:200]})")
+            return
+        await self.receive_json(content)
 
     async def receive_json(self, content, **kwargs) -> None:
         try:
-            message = protocol.check_message(content, protocol.AGENT_MESSAGES)
+            message = protocol.check_fields(protocol.check_message(content, protocol.AGENT_MESSAGES))
+            if message["type"] == "hello":
+                try:
+                    message["address"] = protocol.check_address(message.get("address", ""),
+                                                                peer_is_loopback=_peer_is_loopback(self.scope))
+                except protocol.ProtocolError as exc:
+                    await self._drop(f"hello refused: {exc}", BAD_HELLO_CLOSE_CODE)
+                    return
         except protocol.ProtocolError as exc:
-            log.warning("agent %s sent a bad message: %s", self.agent_name, exc)
-            await self.send_json({"type": "error", "v": protocol.PROTOCOL_VERSION, "message": str(exc)})
+            await self._error(str(exc))
+            return
+        if message["type"] in ("heartbeat", "status") and not await self._token_still_valid():
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
         try:
             await self._handle(message)
@@ -80,6 +229,15 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             log.exception("could not apply a %s message from agent %s", message.get("type"), self.agent_name)
             await self.send_json({"type": "error", "v": protocol.PROTOCOL_VERSION,
                                   "message": f"could not apply your {message.get('type')} message"})
+
+    async def _token_still_valid(self) -> bool:
+        """Re-check the token at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds (the
+        level-triggered side of revocation, for re-keys no channel layer delivered)."""
+        now = time.monotonic()
+        if now - self._checked_at < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
+            return True
+        self._checked_at = now
+        return await database_sync_to_async(reports.token_still_valid)(self.agent_id, self.token_sha256)
 
     async def _handle(self, message: dict) -> None:
         kind = message["type"]
@@ -92,26 +250,27 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(reports.touch)(self.agent_id)
             await database_sync_to_async(reports.record_status)(self.agent_id, message)
 
-    async def decode_json(self, text_data):
-        try:
-            return await super().decode_json(text_data)
-        except ValueError:
-            return None
-
     async def push_assign(self, force: bool = False) -> None:
         """Send the full desired set if it moved since the last one sent (or if forced)."""
+        if self._closed:
+            return
         assign = await database_sync_to_async(reports.desired_set)(self.agent_id)
         if force or assign["generation"] != self.sent_generation:
             self.sent_generation = assign["generation"]
             await self.send_json(assign)
 
-    # Channel-layer events (Redis nudges from the reconciler, restart from the CLI).
+    # Channel-layer events (Redis nudges from the reconciler, restart from the CLI, revocation).
     async def agent_assign(self, event) -> None:
         await self.push_assign()
 
     async def agent_restart(self, event) -> None:
         await self.send_restart()
 
+    async def agent_revoked(self, event) -> None:
+        await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
+
     async def send_restart(self) -> None:
+        if self._closed:
+            return
         log.info("asking agent %s to restart", self.agent_name)
         await self.send_json(protocol.restart_agent())

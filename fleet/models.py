@@ -6,6 +6,8 @@ from datetime import datetime, timedelta
 
 from django.db import models, transaction
 from django.db.models import F
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
 from catalog.models import Model, Profile
@@ -52,13 +54,21 @@ class Agent(models.Model):
 
     @classmethod
     def create_with_token(cls, name: str) -> tuple["Agent", str]:
-        """Create (or re-key) the agent ``name``; returns it and its new clear token, which
-        is shown once and never stored."""
-        token = tokens.new_token("agent")
+        """Create (or re-key, see :meth:`rekey`) the agent ``name``; returns it and its new
+        clear token, which is shown once and never stored."""
         agent, _ = cls.objects.get_or_create(name=name)
-        agent.set_token(token)
-        agent.save(update_fields=["token_prefix", "token_sha256"])
-        return agent, token
+        return agent, agent.rekey()
+
+    def rekey(self) -> str:
+        """Give this agent a new token and return it (clear, to show once). The old token
+        stops working at once: refused on connect, and the websocket it holds is closed
+        after the commit (``fleet.consumers.revoke_sessions``; issue 12, "revocation is
+        immediate")."""
+        token = tokens.new_token("agent")
+        self.set_token(token)
+        self.save(update_fields=["token_prefix", "token_sha256"])
+        _revoke_after_commit(self.pk)
+        return token
 
     @classmethod
     def authenticate(cls, token: str) -> "Agent | None":
@@ -76,6 +86,18 @@ class Agent(models.Model):
         ids = list(set(agent_ids))
         if ids:
             cls.objects.filter(id__in=ids).update(generation=F("generation") + 1)
+
+
+def _revoke_after_commit(agent_id: int) -> None:
+    from fleet.consumers import revoke_sessions
+
+    transaction.on_commit(lambda: revoke_sessions(agent_id))
+
+
+@receiver(post_delete, sender=Agent, dispatch_uid="fleet-agent-deleted-revoke")
+def _agent_deleted(sender, instance: Agent, **kwargs) -> None:
+    """A deleted agent's websocket is closed too (its token is gone with the row)."""
+    _revoke_after_commit(instance.pk)
 
 
 class Gpu(models.Model):

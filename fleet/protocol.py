@@ -6,6 +6,8 @@ Both ends import this module; it imports nothing from Django.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = 1
@@ -114,6 +116,128 @@ def check_message(message: Any, allowed: frozenset[str]) -> dict:
         raise ProtocolError(
             f"protocol version {message.get('v')!r} not supported (this end speaks {PROTOCOL_VERSION})"
         )
+    return message
+
+
+#: Longest agent name, version string and advertised address accepted (characters).
+MAX_NAME_LEN = 128
+MAX_VERSION_LEN = 64
+MAX_ADDRESS_LEN = 253  # the longest DNS name
+#: Most GPUs and replica reports one message may carry.
+MAX_GPUS = 1024
+MAX_REPLICA_REPORTS = 10_000
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def check_address(address: Any, *, peer_is_loopback: bool) -> str:
+    """The address an agent advertises for its engines (``hello.address``), checked: an IP
+    address or a DNS host name (RFC 1123 labels, at most 253 characters) and nothing else —
+    no scheme, ``user@``, port, path, brackets or spaces, since the gateway builds
+    ``http://ADDRESS:PORT/`` from it. The empty string (not advertised) passes.
+
+    A loopback address (``127.0.0.0/8``, ``::1``, ``localhost``) is accepted only from an
+    agent that itself connected over loopback (``peer_is_loopback``): from anywhere else it
+    would point the gateway at the control plane's own local services. Unspecified
+    (``0.0.0.0``, ``::``), multicast and link-local addresses (``169.254.169.254``: cloud
+    metadata) are never an engine's address.
+
+    Returns the address (IPv6 in its compressed form); raises ProtocolError naming the
+    rule it broke (issue 12, "agents cannot lie their way in")."""
+    if not isinstance(address, str):
+        raise ProtocolError(f"address must be a string, not {type(address).__name__}")
+    if address == "":
+        return ""
+    if len(address) > MAX_ADDRESS_LEN:
+        raise ProtocolError(f"address is {len(address)} characters long (at most {MAX_ADDRESS_LEN})")
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+        if ip.is_unspecified or ip.is_multicast or ip.is_link_local:
+            raise ProtocolError(f"address {address!r} is not an address engines can be reached at")
+        if ip.is_loopback and not peer_is_loopback:
+            raise ProtocolError(f"address {address!r} is loopback, but this agent did not connect over loopback")
+        return str(ip)
+    name = address[:-1] if address.endswith(".") else address
+    labels = name.split(".")
+    if not name or not all(_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        raise ProtocolError(f"address {address[:80]!r} is neither an IP address nor a host name "
+                            "(letters, digits, '-' and '.'; no scheme, user, port or path)")
+    if labels[-1].lower() == "localhost" and not peer_is_loopback:
+        raise ProtocolError(f"address {address!r} is loopback, but this agent did not connect over loopback")
+    return address
+
+
+def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
+    if key not in message:
+        if optional:
+            return
+        raise ProtocolError(f"{message.get('type')}: {key!r} is missing")
+    value = message[key]
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise ProtocolError(f"{message.get('type')}: {key!r} must be {what}, not {type(value).__name__}")
+
+
+def _check_inventory(message: dict, *, optional: bool) -> None:
+    if optional and message.get("inventory") is None:
+        return  # absent or null: nothing reported
+    _require(message, "inventory", (dict,), "an object")
+    inventory = message["inventory"]
+    for key in ("cpu_cores", "memory_mib"):
+        _require(inventory, key, (int,), "an integer", optional=True)
+    _require(inventory, "gpus", (list,), "a list", optional=True)
+    gpus = inventory.get("gpus") or []
+    if len(gpus) > MAX_GPUS:
+        raise ProtocolError(f"inventory lists {len(gpus)} GPUs (at most {MAX_GPUS})")
+    for gpu in gpus:
+        if not isinstance(gpu, dict):
+            raise ProtocolError("inventory: every GPU must be an object")
+        for key in ("index", "memory_total_mib", "memory_used_mib"):
+            _require(gpu, key, (int,), "an integer", optional=True)
+        for key in ("uuid", "name"):
+            _require(gpu, key, (str,), "a string", optional=True)
+
+
+def _check_replicas(message: dict) -> None:
+    _require(message, "replicas", (list,), "a list", optional=True)
+    reports = message.get("replicas") or []
+    if len(reports) > MAX_REPLICA_REPORTS:
+        raise ProtocolError(f"{len(reports)} replica reports (at most {MAX_REPLICA_REPORTS})")
+    for report in reports:
+        if not isinstance(report, dict):
+            raise ProtocolError("every replica report must be an object")
+        _require(report, "replica_id", (int,), "an integer")
+        _require(report, "state", (str,), "a string", optional=True)
+        for key, kinds, what in (("error", (str,), "a string or null"), ("pid", (int,), "an integer or null"),
+                                 ("port", (int,), "an integer or null"),
+                                 ("running", (int, float), "a number or null"),
+                                 ("waiting", (int, float), "a number or null"),
+                                 ("progress", (int, float), "a number or null")):
+            if report.get(key) is not None:
+                _require(report, key, kinds, what)
+
+
+def check_fields(message: dict) -> dict:
+    """Check the type of every field of an agent's ``hello`` or ``status`` (the shapes of
+    :class:`Hello` and :class:`Status`) and the sizes of its lists; ``heartbeat`` has none.
+    Returns ``message``; raises ProtocolError naming the first bad field, so a lying or
+    broken agent gets an answer and nothing of its message is recorded."""
+    kind = message.get("type")
+    if kind == "hello":
+        for key, top in (("name", MAX_NAME_LEN), ("version", MAX_VERSION_LEN)):
+            _require(message, key, (str,), "a string", optional=True)
+            if len(message.get(key) or "") > top:
+                raise ProtocolError(f"hello: {key!r} is longer than {top} characters")
+        _require(message, "address", (str,), "a string", optional=True)
+        _check_inventory(message, optional=True)
+        _check_replicas(message)
+    elif kind == "status":
+        _check_inventory(message, optional=True)
+        _check_replicas(message)
     return message
 
 

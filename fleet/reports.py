@@ -22,6 +22,12 @@ def authenticate(token: str) -> Agent | None:
     return Agent.authenticate(token)
 
 
+def token_still_valid(agent_id: int, token_sha256: str) -> bool:
+    """Whether agent ``agent_id`` still exists and still has the token whose hash is
+    ``token_sha256`` (False once it was re-keyed or deleted). One indexed query."""
+    return bool(token_sha256) and Agent.objects.filter(pk=agent_id, token_sha256=token_sha256).exists()
+
+
 def mark_connected(agent_id: int) -> str:
     """Record a new websocket session; returns its id (see :func:`mark_disconnected`)."""
     session = uuid.uuid4().hex

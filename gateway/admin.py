@@ -1,6 +1,6 @@
 from datetime import timedelta
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import Count, Sum
 from django.utils import timezone
 
@@ -10,8 +10,8 @@ from llmgw.permissions import Act, can
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Keys are created here like anywhere else; the clear key is shown once, in the
-    confirmation message after saving a new one."""
+    """Keys are created here like anywhere else; the clear key is shown once, on the page
+    answering the save of a new one (never in a message: those travel in a cookie)."""
 
     list_display = ("name", "prefix", "state", "models_allowed", "expires_at", "revoked_at", "created_at")
     list_filter = ("revoked_at",)
@@ -38,9 +38,23 @@ class ApiKeyAdmin(admin.ModelAdmin):
             clear = tokens.new_token("key")
             obj.prefix, obj.sha256 = tokens.token_prefix(clear), tokens.token_hash(clear)
             super().save_model(request, obj, form, change)
-            messages.warning(request, f"The key for {obj.name} is {clear} — copy it now, it is not shown again.")
+            obj._clear_key = clear  # for response_add, on this object only: never stored
             return
         super().save_model(request, obj, form, change)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        clear = getattr(obj, "_clear_key", "")
+        if not clear:
+            return super().response_add(request, obj, post_url_continue)
+        from django.urls import reverse
+
+        from fleet.shown_once import shown_once_response
+
+        return shown_once_response(
+            request, self.admin_site, title=f"API key {obj.name} created",
+            explanation=f"The key for {obj.name} is below.", secrets=[(obj.name, clear)],
+            back=reverse("admin:gateway_apikey_change", args=[obj.pk]),
+            usage="Clients send it as Authorization: Bearer <key>.")
 
     @admin.action(description="Revoke (applies within a fraction of a second)", permissions=["revoke"])
     def revoke(self, request, queryset):

@@ -6,7 +6,14 @@ class LlmgwConfig(AppConfig):
     verbose_name = "llmgw"
 
     def ready(self) -> None:
+        import logging
+
+        from django.conf import settings
         from django.db.models.signals import post_migrate
+
+        for note in getattr(settings, "DATA_DIR_TIGHTENED", []):
+            logging.getLogger("llmgw.datadir").warning(
+                "data directory was readable by others; tightened %s", note)
 
         from llmgw import checks  # noqa: F401  (registers the system checks)
         from llmgw.retention import register_schedule

@@ -13,11 +13,17 @@ from pathlib import Path
 
 import dj_database_url
 
+from llmgw import datadir
 from llmgw.env import env_bool, env_duration_s, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Whatever llmgw writes (data directory, database, agent state, logs) is private to its user.
+datadir.restrict_umask()
 DATA_DIR = Path(env_str("DATA_DIR", str(BASE_DIR / "var"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+_SQLITE_PATH = Path(env_str("SQLITE_PATH", str(DATA_DIR / "llmgw.sqlite3")))
+#: What starting this process tightened (group/other bits removed); logged by ``llmgw.apps``.
+DATA_DIR_TIGHTENED = datadir.prepare(DATA_DIR, tuple(
+    _SQLITE_PATH.with_name(_SQLITE_PATH.name + suffix) for suffix in ("", "-wal", "-shm", "-journal")))
 
 
 def _secret_key() -> str:
@@ -27,17 +33,30 @@ def _secret_key() -> str:
         return configured
     path = DATA_DIR / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        datadir.write_private(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+#: Host names always served: the machine itself (``llmgw up``'s own checks, a local agent).
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+#: ``LLMGW_ALLOWED_HOSTS``: the names clients use to reach this control plane, comma
+#: separated (``*`` for any, behind a proxy that checks Host itself). Unset: loopback only;
+#: ``llmgw up`` refuses a non-loopback ``--host`` without it.
+LLMGW_ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "").split(",") if h.strip()]
+ALLOWED_HOSTS = LOOPBACK_HOSTS + [h for h in LLMGW_ALLOWED_HOSTS if h not in LOOPBACK_HOSTS]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
+#: ``LLMGW_BEHIND_TLS=1``: a TLS terminator in front sets ``X-Forwarded-Proto: https`` (and
+#: strips any such header a client sent): cookies are then sent over HTTPS only, and Django
+#: takes the request as secure when that header says so.
+LLMGW_BEHIND_TLS = env_bool("BEHIND_TLS", False)
+if LLMGW_BEHIND_TLS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "daphne",
@@ -98,7 +117,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env_str("SQLITE_PATH", str(DATA_DIR / "llmgw.sqlite3")),
+            "NAME": str(_SQLITE_PATH),
             "OPTIONS": {
                 # Several processes (web, worker) write: WAL lets readers run beside the
                 # writer, the timeout waits for the lock instead of failing at once, and
@@ -248,6 +267,18 @@ LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
 LLMGW_DASHBOARD_REFRESH_S = env_duration_s("DASHBOARD_REFRESH", 5.0)
 #: /v1/ requires an API key (``llmgw keys create``). Off only for trusted development setups.
 LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)
-#: When set, /metrics asks for ``Authorization: Bearer <it>`` (Prometheus' bearer_token).
-LLMGW_METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+#: ``LLMGW_METRICS_PUBLIC=1``: /metrics needs no token, even one ``llmgw up`` generated.
+LLMGW_METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
+#: Where ``llmgw up`` keeps the metrics token it generates when exposed (mode 600).
+LLMGW_METRICS_TOKEN_FILE = DATA_DIR / "metrics_token"
+#: When set, /metrics asks for ``Authorization: Bearer <it>`` (Prometheus' ``authorization``):
+#: ``LLMGW_METRICS_TOKEN``, else the token in ``LLMGW_METRICS_TOKEN_FILE`` if there is one.
+LLMGW_METRICS_TOKEN = env_str("METRICS_TOKEN", "") or (
+    "" if LLMGW_METRICS_PUBLIC or not LLMGW_METRICS_TOKEN_FILE.exists()
+    else LLMGW_METRICS_TOKEN_FILE.read_text().strip())
 LLMGW_PLACING_TIMEOUT_S = env_duration_s("PLACING_TIMEOUT", 120.0)
+#: Largest message an agent may send over its websocket; larger ones get an error answer.
+LLMGW_AGENT_MAX_MESSAGE_BYTES = env_int("AGENT_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
+#: How often a connected agent's token is re-checked (on its heartbeats): the bound on how
+#: long a re-keyed or deleted agent keeps a websocket that no shared channel layer closed.
+LLMGW_AGENT_TOKEN_RECHECK_S = env_duration_s("AGENT_TOKEN_RECHECK", 5.0)

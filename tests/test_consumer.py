@@ -155,3 +155,252 @@ async def test_status_reports_move_a_replica_through_its_states(make_model, watc
         await asyncio.sleep(0.05)
     assert r.state == "ready" and r.port == 20001 and r.ready_at is not None
     await ws.disconnect()
+
+
+# -- issue 12: revocation is immediate, tokens only in a header, agents cannot lie ---------
+
+async def close_code(ws, timeout_s: float = 10) -> int:
+    """Read what the server sends until it closes the socket; returns the close code."""
+    while True:
+        output = await ws.receive_output(timeout=timeout_s)
+        if output["type"] == "websocket.close":
+            return output.get("code", 1000)
+
+
+async def connected_agent(name="gpu-1", **hello_over):
+    """An agent row with a live, accepted websocket that has said hello and got its set."""
+    agent, token = await sync_to_async(Agent.create_with_token)(name)
+    ws = communicator(token)
+    connected, _ = await ws.connect()
+    assert connected
+    await ws.send_json_to(hello(name=name, **hello_over))
+    await receive_type(ws, "assign")
+    return agent, token, ws
+
+
+async def is_refused(token: str) -> bool:
+    ws = communicator(token)
+    connected, code = await ws.connect()
+    await ws.disconnect()
+    return not connected and code == REFUSED_CLOSE_CODE
+
+
+async def test_a_rekeyed_agent_is_dropped_at_once_and_its_old_token_refused(watcher_cleanup):
+    from fleet.consumers import REVOKED_CLOSE_CODE
+
+    agent, old_token, ws = await connected_agent()
+    new_token = await sync_to_async(agent.rekey)()  # as the admin action and `llmgw agents rekey` do
+    assert await close_code(ws) == REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    row = await Agent.objects.aget(pk=agent.pk)
+    assert not row.connected
+    assert await is_refused(old_token)
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+    ws = communicator(new_token)  # the new one works
+    connected, _ = await ws.connect()
+    assert connected and (await Agent.objects.aget(pk=agent.pk)).connected
+    await ws.disconnect()
+
+
+async def test_a_deleted_agent_is_dropped_at_once_and_cannot_reconnect(watcher_cleanup):
+    from fleet.consumers import REVOKED_CLOSE_CODE
+
+    agent, token, ws = await connected_agent()
+    await sync_to_async(agent.delete)()
+    assert await close_code(ws) == REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    assert await is_refused(token)
+    assert not await Agent.objects.filter(name="gpu-1").aexists()  # the refused attempt made no row
+
+
+async def test_without_a_layer_reaching_it_the_heartbeat_recheck_drops_a_rekeyed_agent(
+        watcher_cleanup, monkeypatch, settings):
+    """A re-key made in another process (`llmgw agents rekey` with the in-memory layer):
+    no event arrives, the token re-check on the next heartbeat closes the socket."""
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    agent, old_token, ws = await connected_agent()
+    await ws.send_json_to({"type": "heartbeat", "v": 1})  # still valid: nothing happens
+    await ws.send_json_to({"type": "bogus", "v": 1})
+    assert (await receive_type(ws, "error"))["message"]  # answered, so the heartbeat passed
+    assert (await Agent.objects.aget(pk=agent.pk)).connected
+    await sync_to_async(agent.rekey)()
+    await ws.send_json_to({"type": "heartbeat", "v": 1})
+    assert await close_code(ws) == consumers.REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+    assert await is_refused(old_token)
+
+
+async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
+    agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
+    ws = WebsocketCommunicator(application, f"/ws/agent/?token={token}")
+    with caplog.at_level(logging.INFO):
+        connected, code = await ws.connect()
+    await ws.disconnect()
+    assert not connected and code == REFUSED_CLOSE_CODE
+    row = await Agent.objects.aget(pk=agent.pk)
+    assert not row.connected and row.last_seen_at is None
+    assert token not in caplog.text  # nor is it logged
+    ws = communicator(token)  # the header works
+    connected, _ = await ws.connect()
+    assert connected
+    await ws.disconnect()
+
+
+@pytest.mark.parametrize("address", [
+    "http://10.0.0.5", "10.0.0.5/v1", "root@10.0.0.5", "10.0.0.5:8080", "gpu 1", "evil.com#", "a" * 254,
+    "x" * 64 + ".example.com", "[::1]", "0.0.0.0", "::", "169.254.169.254", "224.0.0.1", "-gpu", "1.2.3",
+    "127.0.0.1", "localhost", "::ffff:127.0.0.1",  # loopback, from an agent that did not connect over loopback
+])
+async def test_a_hello_with_a_bad_address_is_refused_and_records_nothing(address, watcher_cleanup, caplog):
+    from fleet.consumers import BAD_HELLO_CLOSE_CODE
+
+    agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
+    ws = communicator(token)
+    ws.scope["client"] = ("10.9.8.7", 40000)  # a remote agent
+    connected, _ = await ws.connect()
+    assert connected
+    with caplog.at_level(logging.WARNING, logger="fleet.consumers"):
+        await ws.send_json_to(hello(address=address))
+        assert await close_code(ws) == BAD_HELLO_CLOSE_CODE
+    await ws.disconnect()
+    assert "hello refused: address" in caplog.text
+    row = await Agent.objects.aget(pk=agent.pk)
+    assert not row.connected and row.address == "" and row.cpu_cores == 0
+    assert not await Gpu.objects.filter(agent=agent).aexists()
+
+
+async def test_loopback_and_host_names_are_accepted_where_they_are_true(watcher_cleanup):
+    agent, _, ws = await connected_agent(address="127.0.0.1")  # no client address: in-process, local
+    assert (await Agent.objects.aget(pk=agent.pk)).address == "127.0.0.1"
+    await ws.disconnect()
+    agent, token = await sync_to_async(Agent.create_with_token)("gpu-2")
+    ws = communicator(token)
+    ws.scope["client"] = ("10.9.8.7", 40000)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(hello(name="gpu-2", address="gpu-2.cluster.example"))
+    await receive_type(ws, "assign")
+    assert (await Agent.objects.aget(pk=agent.pk)).address == "gpu-2.cluster.example"
+    await ws.send_json_to(hello(name="gpu-2", address=""))  # not advertised: accepted, stored empty
+    await receive_type(ws, "assign")
+    assert (await Agent.objects.aget(pk=agent.pk)).address == ""
+    await ws.disconnect()
+
+
+def _bad_hellos_and_statuses() -> list:
+    """Every field of hello and status with a wrong type, and a few malformed containers."""
+    bad = []
+    for key, value in [("name", 5), ("version", []), ("address", 10), ("inventory", "lots"), ("replicas", 5),
+                       ("replicas", "ready"), ("replicas", [5]), ("name", "n" * 1000),
+                       ("inventory", {"gpus": "all", "cpu_cores": 4, "memory_mib": 1}),
+                       ("inventory", {"gpus": [], "cpu_cores": "4", "memory_mib": 1}),
+                       ("inventory", {"gpus": [], "cpu_cores": 4, "memory_mib": True}),
+                       ("inventory", {"gpus": [7], "cpu_cores": 4, "memory_mib": 1}),
+                       ("inventory", {"gpus": [{"index": "0"}], "cpu_cores": 4, "memory_mib": 1}),
+                       ("inventory", {"gpus": [{"index": 0, "uuid": 5}], "cpu_cores": 4, "memory_mib": 1}),
+                       ("inventory", {"gpus": [{"index": 0, "memory_total_mib": 1.5}], "cpu_cores": 4, "memory_mib": 1}),
+                       ("inventory", {"gpus": [{"index": 0}] * 2000, "cpu_cores": 4, "memory_mib": 1})]:
+        bad.append(hello(**{key: value}))
+    for report in [{"replica_id": "1", "state": "ready"}, {"replica_id": 1, "state": 3},
+                   {"replica_id": 1, "pid": "9"}, {"replica_id": 1, "port": [1]}, {"replica_id": 1, "error": {}},
+                   {"replica_id": 1, "running": "many"}, {"replica_id": 1, "waiting": {}},
+                   {"replica_id": 1, "progress": "half"}, {"state": "ready"}, {"replica_id": True}]:
+        bad.append({"type": "status", "v": 1, "replicas": [report]})
+    bad.append({"type": "status", "v": 1, "replicas": {"1": "ready"}})
+    bad.append({"type": "status", "v": 1, "replicas": [], "inventory": []})
+    return bad
+
+
+async def test_binary_frames_and_pathological_json_are_answered_and_the_consumer_survives(
+        make_model, watcher_cleanup):
+    await sync_to_async(make_model)("fake-model", min_replicas=1)
+    agent, token = await sync_to_async(Agent.create_with_token)("cpu-1")
+    ws = communicator(token)
+    await ws.connect()
+    cpu = {"gpus": [], "cpu_cores": 4, "memory_mib": 8192}
+    await ws.send_json_to(hello(name="cpu-1", inventory=cpu))
+    assign = await receive_type(ws, "assign")
+    while not assign["replicas"]:
+        assign = await receive_type(ws, "assign")
+    replica_id = assign["replicas"][0]["replica_id"]
+    frames = [
+        {"bytes": b"\x00\x01binary"},
+        {"text": '{"type": "heartbeat", "v": 1, "pad": "' + "x" * (1024 * 1024) + '"}'},
+        {"text": "[" * 10_000 + "]" * 10_000},
+        {"text": '{"type": "heartbeat", "v": 1, "x": ' + '{"a": ' * 10_000 + "1" + "}" * 10_001},
+        {"text": '{"type": "status", "v": 1, "replicas": [{"replica_id": ' + str(replica_id)
+                      + ', "state": "starting", "progress": NaN}]}'},
+        {"text": '{"type": "status", "v": 1, "replicas": [{"replica_id": 1, "running": Infinity}]}'},
+        {"text": '{"type": "status", "v": 1, "replicas": [{"replica_id": 1' + "0" * 5000 + "}]}"},
+        {"text": "not json"},
+        {"text": ""},
+        {"text": '"just a string"'},
+    ] + [{"text": json_text} for json_text in map(__import__("json").dumps, _bad_hellos_and_statuses())]
+    for frame in frames:
+        await ws.send_input({"type": "websocket.receive", **frame})
+        reply = await receive_type(ws, "error")
+        assert reply["message"], frame
+    # Nothing of it was recorded, and the agent is still connected.
+    row = await Agent.objects.aget(pk=agent.pk)
+    assert row.connected and row.cpu_cores == 4 and row.address == "10.0.0.5" and row.name == "cpu-1"
+    replica = await Replica.objects.aget(pk=replica_id)
+    assert replica.state == "placing" and replica.download_progress is None
+    # A following valid status is still processed.
+    await ws.send_json_to({"type": "status", "v": 1, "inventory": cpu,
+                           "replicas": [{"replica_id": replica_id, "state": "starting", "pid": 123, "port": 20001}]})
+    import asyncio
+    for _ in range(200):
+        replica = await Replica.objects.aget(pk=replica_id)
+        if replica.state == "starting":
+            break
+        await asyncio.sleep(0.05)
+    assert replica.state == "starting" and replica.port == 20001
+    await ws.disconnect()
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+
+
+async def test_a_consumer_that_fails_marks_its_agent_disconnected_and_closes(watcher_cleanup, monkeypatch, caplog):
+    from fleet import consumers
+
+    agent, token, ws = await connected_agent()
+    assert (await Agent.objects.aget(pk=agent.pk)).connected
+
+    def broken(message):
+        raise RuntimeError("a bug nobody caught")
+
+    monkeypatch.setattr(consumers.protocol, "check_fields", broken)
+    with caplog.at_level(logging.ERROR, logger="fleet.consumers"):
+        await ws.send_json_to({"type": "heartbeat", "v": 1})
+        assert await close_code(ws) == consumers.FAILED_CLOSE_CODE
+    assert "consumer failed" in caplog.text
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+    monkeypatch.undo()
+    ws = communicator(token)  # and it may come back
+    assert (await ws.connect())[0]
+    await ws.disconnect()
+
+
+async def test_llmgw_agents_rekey_prints_the_new_token_once_and_drops_the_connection(watcher_cleanup):
+    import io
+
+    from django.core.management import call_command
+
+    from fleet.consumers import REVOKED_CLOSE_CODE
+
+    agent, old_token, ws = await connected_agent()
+    out = io.StringIO()
+    await sync_to_async(call_command)("llmgw", "agents", "rekey", "gpu-1", stdout=out)
+    assert await close_code(ws) == REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    text = out.getvalue()
+    new_token = text.split("gpu-1: token ", 1)[1].split()[0]
+    assert text.count(new_token) == 1 and old_token not in text
+    assert await is_refused(old_token)
+    assert (await sync_to_async(Agent.authenticate)(new_token)).pk == agent.pk
+    with pytest.raises(SystemExit) as exit_info:
+        await sync_to_async(call_command)("llmgw", "agents", "rekey", "nobody", stdout=io.StringIO(),
+                                          stderr=io.StringIO())
+    assert exit_info.value.code == 1

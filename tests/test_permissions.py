@@ -116,6 +116,7 @@ ENDPOINTS = {
     ("agent-cordon", "post"): ({"pk": "agent"}, None, [perm(Act.CORDON_AGENT)], 200),
     ("agent-uncordon", "post"): ({"pk": "cordoned"}, None, [perm(Act.CORDON_AGENT)], 200),
     ("agent-drain", "post"): ({"pk": "agent"}, None, [perm(Act.DRAIN_AGENT)], 200),
+    ("agent-rekey", "post"): ({"pk": "agent"}, None, [perm(Act.REGISTER_AGENT)], 200),
     ("replica-list", "get"): ({}, None, ["fleet.view_replica"], 200),
     ("replica-detail", "get"): ({"pk": "replica"}, None, ["fleet.view_replica"], 200),
     ("apikey-list", "get"): ({}, None, ["gateway.view_apikey"], 200),
@@ -348,9 +349,9 @@ def test_the_agent_admin_hides_and_refuses_cordon_and_drain_without_their_permis
     logged_in(client, django_user_model, "editor", ["fleet.view_agent", "fleet.change_agent"])
     agent = world["agent"]
     page = client.get("/admin/fleet/agent/").content.decode()
-    assert 'value="drain"' not in page and 'value="cordon"' not in page
+    assert 'value="drain"' not in page and 'value="cordon"' not in page and 'value="rekey"' not in page
     before = snapshot()
-    for action in ("cordon", "drain"):
+    for action in ("cordon", "drain", "rekey"):
         client.post("/admin/fleet/agent/", {"action": action, "_selected_action": [agent.pk]})
     assert snapshot() == before
     # Changing the cordoned flag in the change form is cordoning: read-only here.
@@ -379,10 +380,13 @@ def test_the_agent_admin_cordons_drains_and_registers_with_the_acts_permissions(
     assert Replica.objects.get(pk=world["replica"].pk).state == "draining"
     answer = client.post("/admin/fleet/agent/add/", {"name": "gpu-new", "gpus-TOTAL_FORMS": "0",
                                                      "gpus-INITIAL_FORMS": "0", "gpus-MIN_NUM_FORMS": "0",
-                                                     "gpus-MAX_NUM_FORMS": "1000"}, follow=True)
-    shown = [str(m) for m in answer.context["messages"]]
-    token = next(m for m in shown if "The token for gpu-new is" in m).split(" is ", 1)[1].split(" ", 1)[0]
+                                                     "gpus-MAX_NUM_FORMS": "1000"})
+    token = answer.content.decode().split('<code class="shown-once">')[1].split("</code>")[0]
     assert Agent.authenticate(token).name == "gpu-new"
+    # Re-keying issues a token too: the registering permission, refused without it.
+    answer = client.post("/admin/fleet/agent/", {"action": "rekey", "_selected_action": [agent.pk]})
+    rekeyed = answer.content.decode().split('<code class="shown-once">')[1].split("</code>")[0]
+    assert Agent.authenticate(rekeyed).name == agent.name
 
 
 def test_the_cluster_admin_refuses_stop_and_start_without_their_permissions(client, django_user_model, world):

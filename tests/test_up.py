@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.processes import PYTHON, ROOT, Proc, free_port, wait_until
 
 
@@ -101,3 +103,96 @@ def test_up_stops_everything_when_its_terminal_goes_away_or_its_output_pipe_clos
             pass
         for pid in processes_with(tmp_path):
             os.kill(pid, signal.SIGKILL)
+
+
+# -- issue 12: safe defaults when exposed; the demo admin's password is the operator's ------
+
+def fresh_env(tmp_path, **extra) -> dict:
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path / "data"),
+            "LLMGW_SQLITE_PATH": "", "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "", "LLMGW_ALLOWED_HOSTS": "",
+            "LLMGW_METRICS_TOKEN": "", "LLMGW_METRICS_PUBLIC": "", **extra}
+
+
+def test_up_on_an_exposed_address_without_allowed_hosts_exits_2_and_starts_nothing(tmp_path):
+    for host in ("0.0.0.0", "::", "10.1.2.3", "cp.example.com"):
+        done = subprocess.run([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--host", host, "--port",
+                               str(free_port())], cwd=ROOT, env=fresh_env(tmp_path), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"--host {host} makes this server reachable" in done.stderr and "LLMGW_ALLOWED_HOSTS" in done.stderr
+        assert "Traceback" not in done.stderr
+        data = tmp_path / "data"
+        assert not (data / "llmgw.sqlite3").exists() and not (data / "admin_password").exists()
+        assert not processes_with(data)
+
+
+def test_exposed_up_warns_and_protects_metrics_with_a_generated_token(tmp_path, settings, capsys):
+    import io
+
+    from llmgw.cli.up import check_exposure
+
+    out, err = io.StringIO(), io.StringIO()
+    assert check_exposure("127.0.0.1", out, err) == 0 and out.getvalue() == "" == err.getvalue()
+    settings.LLMGW_ALLOWED_HOSTS = ["cp.example.com"]
+    settings.LLMGW_METRICS_PUBLIC = False
+    settings.LLMGW_METRICS_TOKEN_FILE = tmp_path / "metrics_token"
+    os.environ.pop("LLMGW_METRICS_TOKEN", None)
+    assert check_exposure("0.0.0.0", out, err) == 0
+    text = out.getvalue()
+    assert "WARNING: listening on 0.0.0.0" in text and "LLMGW_BEHIND_TLS=1" in text
+    token = (tmp_path / "metrics_token").read_text()
+    assert len(token) >= 32 and (tmp_path / "metrics_token").stat().st_mode & 0o777 == 0o600
+    assert "credentials_file" in text and token not in text  # how to send it, not the token itself
+    assert check_exposure("::", io.StringIO(), io.StringIO()) == 0
+    assert (tmp_path / "metrics_token").read_text() == token  # kept across starts
+    (tmp_path / "metrics_token").unlink()
+    settings.LLMGW_METRICS_PUBLIC = True
+    out = io.StringIO()
+    assert check_exposure("0.0.0.0", out, io.StringIO()) == 0
+    assert "public" in out.getvalue() and not (tmp_path / "metrics_token").exists()
+
+
+@pytest.mark.django_db
+def test_ensure_admin_sets_the_password_only_when_it_creates_the_user(tmp_path, settings, monkeypatch):
+    import io
+
+    from django.contrib.auth import get_user_model
+
+    from llmgw.cli.up import ensure_admin
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.delenv("LLMGW_ADMIN_PASSWORD", raising=False)
+    old_umask = os.umask(0o022)  # an operator's shell: the file must be private anyway
+    try:
+        user, password = ensure_admin(io.StringIO())
+    finally:
+        os.umask(old_umask)
+    assert user == "admin" and (tmp_path / "admin_password").read_text() == password
+    assert (tmp_path / "admin_password").stat().st_mode & 0o777 == 0o600
+    assert ensure_admin(io.StringIO()) == ("admin", password)  # the next start: same password
+
+    admin = get_user_model().objects.get(username="admin")
+    admin.set_password("the operator's own")
+    admin.save()
+    for env in ({}, {"LLMGW_ADMIN_PASSWORD": password}):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        out = io.StringIO()
+        assert ensure_admin(out) == ("admin", None)
+        assert "unchanged (set by an operator)" in out.getvalue()
+        assert get_user_model().objects.get(username="admin").check_password("the operator's own")
+    assert password not in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_demo_api_key_file_is_private(tmp_path, settings):
+    from llmgw.cli.up import ensure_demo_key
+
+    settings.DATA_DIR = tmp_path
+    old_umask = os.umask(0o022)
+    try:
+        key = ensure_demo_key()
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "demo_api_key").read_text() == key
+    assert (tmp_path / "demo_api_key").stat().st_mode & 0o777 == 0o600

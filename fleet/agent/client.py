@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus, WebSocketException
@@ -52,12 +53,13 @@ class Agent:
 
     @property
     def url(self) -> str:
-        base = self.options.server.rstrip("/")
-        if base.startswith("http://"):
-            base = "ws://" + base[len("http://"):]
-        elif base.startswith("https://"):
-            base = "wss://" + base[len("https://"):]
-        return base + "/ws/agent/"
+        """The websocket URL: ``--server`` as ws(s)://, without any query string, fragment
+        or ``user:password@`` (credentials travel only in the Authorization header; a URL
+        is written to access logs)."""
+        parts = urlsplit(self.options.server.strip())
+        scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit((scheme, netloc, parts.path.rstrip("/") + "/ws/agent/", "", ""))
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -170,4 +172,6 @@ class Agent:
 def run_agent(options: ClientOptions, config: AgentConfig) -> int:
     """Entry point used by ``manage.py llmgw agent`` and ``python -m fleet.agent``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s agent: %(message)s")
+    # Its state file, engine logs and weights (and what engines write) stay private to this user.
+    os.umask(os.umask(0o077) | 0o077)
     return asyncio.run(Agent(options, config).run())

@@ -71,37 +71,53 @@ def seed_demo() -> None:
         model.save()
 
 
-def ensure_admin(stdout) -> tuple[str, str]:
-    """An ``admin`` superuser; its password is kept in the data directory (mode 600)."""
+#: What the banner says instead of a password an operator has changed.
+PASSWORD_UNCHANGED = "unchanged (set by an operator)"
+
+
+def _validate_supplied_password(users, supplied: str) -> None:
+    """``LLMGW_ADMIN_PASSWORD`` held to AUTH_PASSWORD_VALIDATORS, like any password set in the
+    admin (the generated one passes them); CommandError saying why it is refused."""
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+    from django.core.management.base import CommandError
+
+    try:
+        validate_password(supplied, users(username="admin", email="admin@localhost"))
+    except ValidationError as exc:
+        raise CommandError("LLMGW_ADMIN_PASSWORD is not accepted: " + " ".join(exc.messages)
+                           + " Choose a longer, less common one, or unset it to have one generated.") from None
+
+
+def ensure_admin(stdout) -> tuple[str, str | None]:
+    """The demo's ``admin`` superuser. Its password is set only when this creates the user
+    (``LLMGW_ADMIN_PASSWORD``, else the one kept in the data directory, else a new random
+    one, then kept there, mode 600). An existing user's password is never reset: returns
+    ``("admin", password)`` while the kept one still works, else ``("admin", None)`` and
+    says so — an operator changed it (issue 12)."""
     from django.contrib.auth import get_user_model
+
+    from llmgw.datadir import write_private
 
     users = get_user_model()
     path = Path(settings.DATA_DIR) / "admin_password"
     supplied = os.environ.get("LLMGW_ADMIN_PASSWORD", "")
-    if supplied:
-        # The operator's choice is held to AUTH_PASSWORD_VALIDATORS, like any password set in
-        # the admin (the generated one passes them).
-        from django.contrib.auth.password_validation import validate_password
-        from django.core.exceptions import ValidationError
-        from django.core.management.base import CommandError
-
-        try:
-            validate_password(supplied, users(username="admin", email="admin@localhost"))
-        except ValidationError as exc:
-            raise CommandError("LLMGW_ADMIN_PASSWORD is not accepted: " + " ".join(exc.messages)
-                               + " Choose a longer, less common one, or unset it to have one generated.") from None
-    password = supplied or (path.read_text().strip() if path.exists() else "")
-    if not password:
-        password = secrets.token_urlsafe(12)
+    kept = supplied or (path.read_text().strip() if path.exists() else "")
     user = users.objects.filter(username="admin").first()
     if user is None:
+        if supplied:
+            _validate_supplied_password(users, supplied)
+        password = kept or secrets.token_urlsafe(12)
         users.objects.create_superuser("admin", "admin@localhost", password)
-    elif not path.exists() or not user.check_password(password):
-        user.set_password(password)
-        user.save(update_fields=["password"])
-    path.write_text(password)
-    path.chmod(0o600)
-    return "admin", password
+        write_private(path, password)
+        return "admin", password
+    if kept and user.check_password(kept):
+        if not path.exists():
+            write_private(path, kept)
+        return "admin", kept
+    say(stdout, f"llmgw up: admin password {PASSWORD_UNCHANGED}: not the one in {path} or LLMGW_ADMIN_PASSWORD; "
+                "left as it is (`manage.py changepassword admin` sets a new one)\n")
+    return "admin", None
 
 
 class Group:
@@ -174,8 +190,9 @@ def ensure_demo_key() -> str:
         if key and tokens.token_matches(clear, key.sha256) and key.state == "active":
             return clear
     _, clear = ApiKey.create_key("demo")
-    path.write_text(clear)
-    path.chmod(0o600)
+    from llmgw.datadir import write_private
+
+    write_private(path, clear)
     return clear
 
 
@@ -241,9 +258,56 @@ def say(stream, text: str) -> None:
         pass
 
 
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps the server on this machine (``localhost``,
+    ``127.0.0.0/8``, ``::1``); ``0.0.0.0``, ``::`` and every other address expose it."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, stdout, stderr) -> int:
+    """The safe defaults of a server others can reach (issue 12). On a non-loopback
+    ``host``: warn; refuse (returns 2) without ``LLMGW_ALLOWED_HOSTS``; unless
+    ``LLMGW_METRICS_TOKEN`` or ``LLMGW_METRICS_PUBLIC=1`` is set, protect /metrics with a
+    token generated once into the data directory (the web process reads it from there) and
+    say how Prometheus sends it. Returns 0 to go on."""
+    if is_loopback(host):
+        return 0
+    if not settings.LLMGW_ALLOWED_HOSTS:
+        stderr.write(
+            f"llmgw up: --host {host} makes this server reachable from other machines, so it needs "
+            "LLMGW_ALLOWED_HOSTS: the names or addresses clients use to reach it, comma separated "
+            "(e.g. LLMGW_ALLOWED_HOSTS=cp.example.com,10.0.0.2). Nothing was started.\n")
+        return 2
+    say(stdout, f"llmgw up: WARNING: listening on {host}: every machine that can reach it can try the admin "
+                "login, /api/ and /v1/ (with a key). Put a TLS terminator in front (then set LLMGW_BEHIND_TLS=1) "
+                "and a firewall around the engines' ports (README, Security).\n")
+    if settings.LLMGW_METRICS_PUBLIC:
+        say(stdout, "llmgw up: /metrics is public (LLMGW_METRICS_PUBLIC=1)\n")
+    elif not os.environ.get("LLMGW_METRICS_TOKEN"):
+        from llmgw.datadir import write_private
+
+        path = Path(settings.LLMGW_METRICS_TOKEN_FILE)
+        if not path.exists() or not path.read_text().strip():
+            write_private(path, secrets.token_urlsafe(32))
+        say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {path}>; in Prometheus' "
+                    "scrape config: authorization: {type: Bearer, credentials_file: <a copy of that file>} "
+                    "(LLMGW_METRICS_PUBLIC=1 makes it public)\n")
+    return 0
+
+
 def run(options, stdout, stderr) -> int:
     from fleet.models import Agent
 
+    exposure = check_exposure(options["host"], stdout, stderr)
+    if exposure:
+        return exposure
     if not port_free(options["host"], options["port"]):
         stderr.write(f"llmgw up: {options['host']}:{options['port']} is already in use "
                      "(another llmgw up?); choose another with --port\n")
@@ -282,7 +346,7 @@ def run(options, stdout, stderr) -> int:
 
 
 def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, env: dict[str, str], manage: str,
-           base_url: str, token: str, user: str, password: str, api_key: str) -> int:
+           base_url: str, token: str, user: str, password: str | None, api_key: str) -> int:
     """Start the children and wait until asked to stop (or one exits); ``run`` stops them."""
     from django_q.tasks import async_task
 
@@ -323,7 +387,7 @@ def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, e
             "",
             "=" * 72,
             f"llmgw is up: {base_url}",
-            f"  admin:    {base_url}/admin/   user {user}   password {password}",
+            f"  admin:    {base_url}/admin/   user {user}   password {password or PASSWORD_UNCHANGED}",
             f"  API key:  {api_key}",
         ]
         if not options["no_demo"]:
