@@ -63,8 +63,9 @@ class ModelAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "aliases")}),
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
-        ("Requests", {"fields": ("default_max_tokens",)}),
+        ("Requests", {"fields": ("default_max_tokens", "endpoints")}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key"), "classes": ("collapse",)}),
+        ("External: client headers", {"fields": ("external_forward_org_headers",), "classes": ("collapse",)}),
     )
 
     @admin.display(description="served")
