@@ -271,3 +271,21 @@ def test_only_an_external_model_may_forward_organization_headers(make_model):
     with pytest.raises(ValidationError) as exc:
         make_model("here", external_forward_org_headers=True)
     assert "external_forward_org_headers" in exc.value.message_dict
+
+
+def test_the_rest_api_refuses_an_unknown_endpoint_as_a_field_message(django_user_model, cpu_profile):
+    import base64
+
+    from rest_framework.test import APIClient
+
+    django_user_model.objects.create_superuser("root", "root@localhost", "pw")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Basic " + base64.b64encode(b"root:pw").decode())
+    r = client.post("/api/models/", {"name": "sneaky", "weights": "file:/dev/null", "profile": cpu_profile.pk,
+                                     "endpoints": "chat/completions,../../slots"}, format="json")
+    assert r.status_code == 400 and "endpoints" in r.json(), r.content
+    assert not Model.objects.filter(name="sneaky").exists()
+    r = client.post("/api/models/", {"name": "fine", "weights": "file:/dev/null", "profile": cpu_profile.pk,
+                                     "endpoints": "embeddings"}, format="json")
+    assert r.status_code == 201 and r.json()["endpoints"] == "embeddings"
+    assert r.json()["external_forward_org_headers"] is False
