@@ -2,7 +2,7 @@
 before work"): an ASGI wrapper in front of Django for every HTTP request.
 
 * A declared ``Content-Length`` over the limit is answered 413 at once, without reading
-  the body (no ``100 Continue`` is sent).
+  the body (no ``100 Continue`` is sent; what the client sends anyway is dropped).
 * A streamed body (chunked, or one longer than it said) is counted while it is received
   and answered 413 as soon as it passes the limit.
 * A body that has not arrived whole within ``LLMGW_BODY_TIMEOUT`` of the request's head is
@@ -89,8 +89,8 @@ class BodyLimits:
         if declared == "bad":
             return await self._answer(send, path, 400, "The Content-Length header is not one number.")
         if declared is not None and declared > limit:
-            return await self._answer(send, path, 413, f"Request body of {declared} bytes is over the limit "
-                                                       f"of {limit} bytes.")
+            return await self._refuse_too_large(receive, send, path, f"Request body of {declared} bytes is over "
+                                                                     f"the limit of {limit} bytes.")
         timeout_s = settings.LLMGW_BODY_TIMEOUT_S
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         chunks: list[bytes] = []
@@ -114,10 +114,8 @@ class BodyLimits:
         except asyncio.TimeoutError:
             return await self._answer(send, path, 408, f"The request body did not arrive within {timeout_s:g} s.")
         except _TooLarge:
-            await self._answer(send, path, 413, f"Request body is over the limit of {limit} bytes.", linger=True)
-            await self._discard(receive)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return None
+            return await self._refuse_too_large(receive, send, path, f"Request body is over the limit of {limit} "
+                                                                     "bytes.")
         whole = b"".join(chunks)
         replayed = False
 
@@ -137,6 +135,13 @@ class BodyLimits:
         headers, body = _error_response(path, status, message)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": linger})
+
+    async def _refuse_too_large(self, receive, send, path: str, message: str) -> None:
+        """413 at once (whole, so the client can read it), then a lingering close: what the
+        client still sends is read and dropped for at most :data:`LINGER_S`, never kept."""
+        await self._answer(send, path, 413, message, linger=True)
+        await self._discard(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
     async def _discard(receive) -> None:
