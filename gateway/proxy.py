@@ -1,10 +1,15 @@
 """The ``/v1/`` proxy: authenticate, parse, resolve the model, find (or wait for) a ready
 replica, relay, record.
 
-Order of answers: 413 (body too large, before anything else), 401 (key), 400 (JSON,
-``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed for the
-model), then the upstream's own status (429 stays 429), 502 for a replica that cannot be
-reached, 503 for a model with no replica (with the planner's reason) or still loading.
+Order of answers: 413 / 408 (body too large or too slow: ``llmgw.limits``, before Django),
+404 ``unknown_url`` (not exactly one of ``gateway.endpoints``: the view), 401 (key), 400
+(JSON, ``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed
+for the model), 404 ``unknown_url`` (the model does not serve that endpoint), 400 (the
+body's shape, ``gateway.validation``), then the upstream's own status (429 stays 429), 502
+for a replica that cannot be reached, 503 for a model with no replica (with the planner's
+reason) or still loading. Only the client's ``Accept`` goes upstream (and, to an external
+model that allows it, ``OpenAI-Organization`` / ``OpenAI-Project``); upstream response
+headers that would act on the client under our origin are dropped (:func:`relayed_header`).
 
 Streaming answers are relayed event by event without re-encoding (``gateway.sse``); a
 client that disconnects cancels the upstream request, so the engine frees its slot. A
