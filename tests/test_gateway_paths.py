@@ -289,3 +289,31 @@ def test_the_rest_api_refuses_an_unknown_endpoint_as_a_field_message(django_user
                                      "endpoints": "embeddings"}, format="json")
     assert r.status_code == 201 and r.json()["endpoints"] == "embeddings"
     assert r.json()["external_forward_org_headers"] is False
+
+
+# --- the pure parts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, raw, expected", [
+    ("/v1/chat/completions", b"/v1/chat/completions", "chat/completions"),
+    ("/v1/embeddings", None, "embeddings"),  # a server without raw_path: the decoded path decides
+    ("/v1/chat/completions", b"/v1/chat%2Fcompletions", None),
+    ("/v1/chat/completions", b"/v1/chat/completions\xff", None),
+    ("/v1/../v1/completions", None, None),
+    ("/v1/completions/", b"/v1/completions/", None),
+    ("/v2/completions", b"/v2/completions", None),
+])
+def test_match_is_exact_and_rejects_any_encoding(path, raw, expected):
+    from gateway.endpoints import match
+
+    assert match(path, raw) == expected
+
+
+def test_a_header_the_upstream_names_in_connection_is_hop_by_hop():
+    from gateway.proxy import relayed_header
+
+    assert relayed_header("X-Request-Id") and relayed_header("Retry-After") and relayed_header("x-ratelimit-remaining-tokens")
+    assert not relayed_header("X-Upstream-Session", "keep-alive, X-Upstream-Session")
+    for name in ("Set-Cookie", "set-cookie2", "WWW-Authenticate", "Access-Control-Allow-Credentials", "Alt-Svc",
+                 "Transfer-Encoding", "Content-Length", "Upgrade", "OpenAI-Organization"):
+        assert not relayed_header(name), name
