@@ -163,9 +163,9 @@ class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         (None, {"fields": ("name", "aliases")}),
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
-        ("Requests", {"fields": ("default_max_tokens",)}),
-        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key"),
-                                         "classes": ("collapse",)}),
+        ("Requests", {"fields": ("default_max_tokens", "endpoints")}),
+        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key",
+                                                    "external_forward_org_headers"), "classes": ("collapse",)}),
     )
     form = ModelAdminForm
 

@@ -20,6 +20,13 @@ from catalog.weights import parse_weights_source
 #: The largest default_max_tokens accepted: beyond any context window, inside a 32-bit column.
 MAX_TOKENS_LIMIT = 100_000_000
 
+#: The endpoints under ``/v1/`` a model can serve, as the gateway names them (the path after
+#: ``/v1/``): the ones OpenAI's API and every engine in our presets share. Anything else
+#: under ``/v1/`` (engine-private ``/slots``, ``/props``, ``/v1/load_lora_adapter``,
+#: tokenizer endpoints…) never goes upstream (issue 12). A model's ``endpoints`` field
+#: narrows this set.
+OPENAI_ENDPOINTS = ("chat/completions", "completions", "embeddings")
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -168,6 +175,18 @@ class Model(models.Model):
         blank=True, default="", help_text="Served elsewhere: requests are forwarded here."
     )
     external_api_key = models.CharField(max_length=500, blank=True, default="")
+    endpoints = models.CharField(
+        max_length=200, blank=True, default="",
+        help_text="Endpoints under /v1/ this model serves, comma-separated (of "
+        + ", ".join(OPENAI_ENDPOINTS) + "). Empty: all of them. Others answer 404 and are "
+        "never forwarded (nor is an external model's key).",
+    )
+    external_forward_org_headers = models.BooleanField(
+        default=False,
+        help_text="External models only: forward the client's OpenAI-Organization and "
+        "OpenAI-Project headers to the external service. Off: a client cannot pick which "
+        "organization or project of the operator's key is billed.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -188,6 +207,19 @@ class Model(models.Model):
     @property
     def is_external(self) -> bool:
         return bool(self.external_base_url)
+
+    @staticmethod
+    def parse_endpoints(text: str) -> frozenset[str]:
+        """The endpoints an ``endpoints`` value names (``"chat/completions, embeddings"``);
+        blank: all of :data:`OPENAI_ENDPOINTS`. Unknown names are kept (``clean`` rejects
+        them; the gateway then serves none of them)."""
+        names = frozenset(e.strip().strip("/") for e in (text or "").split(",") if e.strip())
+        return names or frozenset(OPENAI_ENDPOINTS)
+
+    @property
+    def served_endpoints(self) -> frozenset[str]:
+        """The endpoints under ``/v1/`` this model serves (issue 12)."""
+        return self.parse_endpoints(self.endpoints)
 
     @classmethod
     def resolve_queryset(cls, name: str) -> models.QuerySet["Model"]:
@@ -234,6 +266,15 @@ class Model(models.Model):
         if self.name and any(self.name in o.alias_list for o in others):
             errors.setdefault("name", []).append(
                 f"'{self.name}' is already an alias of another model."
+            )
+        unknown = sorted(self.served_endpoints - set(OPENAI_ENDPOINTS))
+        if unknown:
+            errors.setdefault("endpoints", []).append(
+                f"Unknown endpoint(s) {', '.join(unknown)}: choose from {', '.join(OPENAI_ENDPOINTS)}."
+            )
+        if self.external_forward_org_headers and not self.external_base_url:
+            errors.setdefault("external_forward_org_headers", []).append(
+                "Only for external models: engines served here read no organization or project."
             )
         if self.external_base_url:
             if self.profile_id or self.weights:

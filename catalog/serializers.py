@@ -65,6 +65,7 @@ class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
         model = Model
         fields = ["id", "name", "aliases", "weights", "profile", "min_replicas", "max_replicas", "on_demand",
                   "idle_timeout_s", "default_max_tokens", "external_base_url", "external_api_key", "external_api_key_set",
+                  "endpoints", "external_forward_org_headers",
                   "desired", "reason", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 

@@ -42,6 +42,8 @@ class CachedModel:
     external_base_url: str
     external_api_key: str
     default_max_tokens: int | None = None
+    served_endpoints: frozenset[str] = frozenset()
+    external_forward_org_headers: bool = False
 
     @property
     def is_external(self) -> bool:
@@ -66,10 +68,12 @@ def load() -> dict[str, Any]:
             None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None))
     by_alias: dict[str, CachedModel] = {}
     by_name: dict[str, CachedModel] = {}
-    for model_id, name, aliases, on_demand, base_url, api_key, max_tokens in Model.objects.values_list(
-        "id", "name", "aliases", "on_demand", "external_base_url", "external_api_key", "default_max_tokens"
+    for model_id, name, aliases, on_demand, base_url, api_key, max_tokens, served, forward_org in (
+        Model.objects.values_list("id", "name", "aliases", "on_demand", "external_base_url", "external_api_key",
+                                  "default_max_tokens", "endpoints", "external_forward_org_headers")
     ):
-        entry = CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens)
+        entry = CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens,
+                            Model.parse_endpoints(served), bool(forward_org))
         by_name[name] = entry
         for alias in (a.strip() for a in (aliases or "").split(",")):
             if alias:

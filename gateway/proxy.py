@@ -1,10 +1,15 @@
 """The ``/v1/`` proxy: authenticate, parse, resolve the model, find (or wait for) a ready
 replica, relay, record.
 
-Order of answers: 413 (body too large, before anything else), 401 (key), 400 (JSON,
-``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed for the
-model), then the upstream's own status (429 stays 429), 502 for a replica that cannot be
-reached, 503 for a model with no replica (with the planner's reason) or still loading.
+Order of answers: 413 / 408 (body too large or too slow: ``llmgw.limits``, before Django),
+404 ``unknown_url`` (not exactly one of ``gateway.endpoints``: the view), 401 (key), 400
+(JSON, ``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed
+for the model), 404 ``unknown_url`` (the model does not serve that endpoint), 400 (the
+body's shape, ``gateway.validation``), then the upstream's own status (429 stays 429), 502
+for a replica that cannot be reached, 503 for a model with no replica (with the planner's
+reason) or still loading. Only the client's ``Accept`` goes upstream (and, to an external
+model that allows it, ``OpenAI-Organization`` / ``OpenAI-Project``); upstream response
+headers that would act on the client under our origin are dropped (:func:`relayed_header`).
 
 Streaming answers are relayed event by event without re-encoding (``gateway.sse``); a
 client that disconnects cancels the upstream request, so the engine frees its slot. A
@@ -36,7 +41,7 @@ from django.utils import timezone
 from catalog.models import Model
 from fleet.demand import want
 from fleet.live import Endpoint, ModelStatus, usage, watcher
-from gateway import cache, metrics, sse, validation
+from gateway import cache, endpoints, metrics, sse, validation
 from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
 from gateway.routing import choose
@@ -46,8 +51,21 @@ log = logging.getLogger(__name__)
 
 _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = weakref.WeakKeyDictionary()
 # Not content-type: the body is JSON whatever the client said (curl -d says form data).
-_FORWARDED_REQUEST_HEADERS = ("accept", "openai-organization", "openai-project")
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+_FORWARDED_REQUEST_HEADERS = ("accept",)
+# Which organization/project the operator's key is billed to is the operator's choice: sent
+# to an external service only when its model allows it (never to engines, which read none).
+_ORG_HEADERS = ("openai-organization", "openai-project")
+# Upstream response headers never relayed: hop-by-hop ones (RFC 9110 7.6.1; plus any the
+# upstream's Connection header names), ours to set (server, date, length, encoding), and
+# those that would act on the client under the gateway's origin — cookies and sessions, an
+# upstream's auth challenge, HSTS, Alt-Svc, CORS grants — or name the operator's account
+# at an external provider (its organization / project).
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
+               "content-length", "content-encoding", "server", "date"}
+_UNSAFE_RESPONSE_HEADERS = {"set-cookie", "set-cookie2", "www-authenticate", "proxy-authenticate",
+                            "authentication-info", "proxy-authentication-info", "strict-transport-security",
+                            "alt-svc", "clear-site-data", "openai-organization", "openai-project"}
+_UNSAFE_RESPONSE_PREFIXES = ("access-control-",)
 _STREAMABLE = ("chat/completions", "completions")
 
 
@@ -168,7 +186,8 @@ def _parse_body(request: HttpRequest) -> dict | HttpResponse:
 
 
 async def proxy(request: HttpRequest, path: str) -> HttpResponse:
-    """Serve one POST under /v1/."""
+    """Serve one POST to the endpoint ``path`` (one of ``gateway.endpoints``, matched
+    exactly by the view; the upstream URL is built from it)."""
     ex = Exchange(path)
     too_big = _body_limit_error(request)
     if too_big is not None:
@@ -200,15 +219,18 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     ex.model_label = model.name
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
+    if not endpoints.served_by(model, path):  # before any upstream call, and the external key
+        return ex.answer(openai_error(404, f"The model '{model.name}' does not serve /v1/{path}.",
+                                      code="unknown_url"))
     problem = validation.check(path, body)
     if problem is not None:
         param, message, code = problem
         return ex.answer(openai_error(400, message, code=code, param=param))
-    generates = any(path.rstrip("/").endswith(p) for p in _STREAMABLE)
+    generates = path in _STREAMABLE
     ex.stream = bool(body.get("stream")) and generates
     content, strip_usage = _upstream_body(body, request.body, ex.stream, generates and not model.is_external,
                                           model.default_max_tokens)
-    headers = _upstream_headers(request)
+    headers = _upstream_headers(request, model)
     if model.is_external:
         if model.external_api_key:
             headers["authorization"] = f"Bearer {model.external_api_key}"
@@ -320,9 +342,15 @@ def _unavailable(model: Model | cache.CachedModel, status: ModelStatus) -> HttpR
                         headers={"Retry-After": "10"})
 
 
-def _upstream_headers(request: HttpRequest) -> dict[str, str]:
+def _upstream_headers(request: HttpRequest, model: Model | cache.CachedModel) -> dict[str, str]:
+    """The client's headers that go upstream: ``Accept``; ``OpenAI-Organization`` and
+    ``OpenAI-Project`` only to an external model that allows them
+    (``external_forward_org_headers``). Never the client's ``Authorization``."""
     headers = {}
-    for name in _FORWARDED_REQUEST_HEADERS:
+    names = _FORWARDED_REQUEST_HEADERS
+    if model.is_external and model.external_forward_org_headers:
+        names += _ORG_HEADERS
+    for name in names:
         value = request.headers.get(name)
         if value:
             headers[name] = value
@@ -378,9 +406,22 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
     })
 
 
+def relayed_header(name: str, connection: str = "") -> bool:
+    """Whether an upstream response header ``name`` may reach the client (see
+    ``_HOP_BY_HOP`` and ``_UNSAFE_RESPONSE_HEADERS``); ``connection`` is the upstream's
+    ``Connection`` header, whose listed names are hop-by-hop too (issue 12)."""
+    lowered = name.lower()
+    if lowered in _HOP_BY_HOP or lowered in _UNSAFE_RESPONSE_HEADERS or lowered == "content-type":
+        return False
+    if lowered.startswith(_UNSAFE_RESPONSE_PREFIXES):
+        return False
+    return lowered not in {token.strip().lower() for token in connection.split(",")}
+
+
 def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extra: dict[str, str]) -> None:
+    connection = ",".join(upstream.headers.getall("connection", []))
     for name, value in upstream.headers.items():
-        if name.lower() not in _HOP_BY_HOP and name.lower() != "content-type":
+        if relayed_header(name, connection):
             response[name] = value
     for name, value in extra.items():
         response[name] = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from gateway import proxy
+from gateway import endpoints, proxy
 from gateway.errors import openai_error
 
 
@@ -24,11 +24,23 @@ async def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     return await proxy.retrieve_model(request, name)
 
 
+def unknown_url(request: HttpRequest) -> HttpResponse:
+    """404 ``unknown_url`` in OpenAI's shape, naming the method and path (truncated)."""
+    shown = request.path if len(request.path) <= 200 else request.path[:200] + "…"
+    return openai_error(404, f"Unknown URL ({request.method} {shown}): the gateway serves POST /v1/ "
+                             f"{', '.join(endpoints.OPENAI_ENDPOINTS)} and GET /v1/models.", code="unknown_url")
+
+
 @csrf_exempt
 async def v1(request: HttpRequest, path: str) -> HttpResponse:
+    """POST /v1/ENDPOINT: only an exact endpoint of :mod:`gateway.endpoints` reaches the
+    proxy (and through it, upstream); any other path is 404 ``unknown_url``."""
+    endpoint = endpoints.match_request(request)
+    if endpoint is None:
+        return unknown_url(request)
     if request.method != "POST":
-        return openai_error(405, f"Use POST for /v1/{path}.")
-    return await proxy.proxy(request, path)
+        return openai_error(405, f"Use POST for /v1/{endpoint}.")
+    return await proxy.proxy(request, endpoint)
 
 
 async def not_found(request: HttpRequest, exception=None) -> HttpResponse:

@@ -7,7 +7,8 @@ csrf-exempt, session-less views and cost a thread hop each) and no new worker th
 request (``ThreadSensitiveContext``): the few sync calls left (Django's request signals,
 the database fallback of ``gateway.cache``) share one thread. Only the database-unavailable
 answer (503 + Retry-After instead of 500) is kept. Everything else (admin, API, dashboard)
-keeps the full handler.
+keeps the full handler. In front of both, ``llmgw.limits.BodyLimits`` reads each request
+body within its size limit and deadline (413 / 408 before any Django work).
 """
 
 import os
@@ -25,6 +26,7 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
+from llmgw.limits import BodyLimits  # noqa: E402
 from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
 
 LEAN_PREFIXES = ("/v1/", "/metrics")
@@ -62,7 +64,8 @@ lean_asgi = LeanASGIHandler()
 
 router = ProtocolTypeRouter(
     {
-        "http": _Split(lean_asgi, ASGIStaticFilesHandler(django_asgi)),
+        # Bodies are bounded (size, deadline) before either handler sees the request.
+        "http": BodyLimits(_Split(lean_asgi, ASGIStaticFilesHandler(django_asgi))),
         "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
     }
 )

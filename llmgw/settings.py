@@ -255,8 +255,26 @@ LLMGW_USAGE_REPORT_FRESH_S = env_duration_s("USAGE_REPORT_FRESH", 10.0)
 LLMGW_DRAIN_GRACE_S = env_duration_s("DRAIN_GRACE", 30.0)
 LLMGW_UPSTREAM_CONNECT_TIMEOUT_S = env_duration_s("UPSTREAM_CONNECT_TIMEOUT", 5.0)
 LLMGW_UPSTREAM_READ_TIMEOUT_S = env_duration_s("UPSTREAM_READ_TIMEOUT", 600.0)
+# --- bounds on what a client may send (issue 12; enforced by llmgw.limits and llmgw.http) ---
+#: The largest request body under /v1/, in bytes: 413 from Content-Length at once, or as
+#: soon as a streamed (chunked) body passes it, before Django or authentication.
 LLMGW_MAX_BODY_BYTES = env_int("MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_BODY_BYTES
+#: The same for everything else (admin, REST API, dashboard): Django's own default.
+LLMGW_MAX_ADMIN_BODY_BYTES = env_int("MAX_ADMIN_BODY_BYTES", 2_621_440, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(LLMGW_MAX_BODY_BYTES, LLMGW_MAX_ADMIN_BODY_BYTES)
+#: A request body must have arrived whole this long after its head (else 408); 0: no limit.
+LLMGW_BODY_TIMEOUT_S = env_duration_s("BODY_TIMEOUT", 30.0)
+#: A request head (request line + headers) must be complete this long after its first byte,
+#: or after the connection opened (else 408 and closed); 0: no limit. uvicorn (`llmgw up`).
+LLMGW_HEADER_TIMEOUT_S = env_duration_s("HEADER_TIMEOUT", 10.0)
+#: An idle keep-alive connection is closed after this long (uvicorn --timeout-keep-alive,
+#: whole seconds). Behind a load balancer, make it longer than the balancer's idle timeout.
+LLMGW_KEEP_ALIVE_TIMEOUT_S = env_duration_s("KEEP_ALIVE_TIMEOUT", 5.0)
+#: Connections (HTTP, agents' websockets, held cold-start requests) per web process; beyond
+#: it uvicorn answers 503 (uvicorn --limit-concurrency).
+LLMGW_MAX_CONNECTIONS = env_int("MAX_CONNECTIONS", 1000, minimum=1)
+#: Connections the kernel queues before the web process accepts them (uvicorn --backlog).
+LLMGW_BACKLOG = env_int("BACKLOG", 2048, minimum=1)
 LLMGW_BACKOFF_BASE_S = env_duration_s("BACKOFF_BASE", 5.0)
 LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)
 #: A replica ready this long ends its model's crash loop (the backoff starts over).

@@ -377,11 +377,12 @@ def test_wrongly_shaped_completions_embeddings_and_model_fields_are_400s(servers
     assert "expected a string, but got an integer" in post(servers, "/v1/chat/completions", {"model": 5}, key).text
 
 
-def test_an_endpoint_the_engine_lacks_is_a_404_in_openais_shape(servers, key, models):
+def test_an_endpoint_the_gateway_does_not_serve_is_a_404_that_never_reaches_a_replica(servers, key, models):
+    before = len(records(servers, "plain"))
     r = post(servers, "/v1/foo", {"model": "plain"}, key)
     assert r.status_code == 404
-    assert r.json()["error"]["code"] == "unknown_endpoint" and "/v1/foo" in r.json()["error"]["message"]
-    assert r.headers["x-llmgw-replica"]  # it did reach a replica
+    assert r.json()["error"]["code"] == "unknown_url" and "/v1/foo" in r.json()["error"]["message"]
+    assert "x-llmgw-replica" not in r.headers and len(records(servers, "plain")) == before
 
 
 @pytest.mark.parametrize("raw, why", [

@@ -9,6 +9,7 @@ with ``--stop-engines-on-exit`` so the engines stop too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -40,14 +41,27 @@ def add_arguments(parser) -> None:
                         help="how long to wait for the demo model before printing a warning")
 
 
-def web_argv(host: str, port: int, access_log: bool = True) -> list[str]:
+def web_argv(host: str, port: int, access_log: bool = True, max_connections: int | None = None,
+             backlog: int | None = None, keep_alive_s: float | None = None) -> list[str]:
     """The control plane's web process: uvicorn with uvloop and httptools, chosen over
     daphne by bench/gateway.py (about 0.7 vs 1.2 ms of CPU per /v1/ request on one core).
     Websockets (the agents) run on the `websockets` library; the lifespan shutdown
-    flushes usage (``llmgw.asgi``)."""
+    flushes usage (``llmgw.asgi``).
+
+    Bounded (issue 12): at most ``max_connections`` connections (``LLMGW_MAX_CONNECTIONS``;
+    uvicorn answers 503 beyond it; websockets and held requests count), a listen queue of
+    ``backlog`` (``LLMGW_BACKLOG``), idle keep-alive connections closed after
+    ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``, rounded up to whole seconds), and
+    request heads that must be complete within ``LLMGW_HEADER_TIMEOUT``
+    (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web process)."""
+    max_connections = settings.LLMGW_MAX_CONNECTIONS if max_connections is None else max_connections
+    backlog = settings.LLMGW_BACKLOG if backlog is None else backlog
+    keep_alive_s = settings.LLMGW_KEEP_ALIVE_TIMEOUT_S if keep_alive_s is None else keep_alive_s
     argv = [sys.executable, "-m", "uvicorn", "llmgw.asgi:application", "--host", host, "--port", str(port),
-            "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio", "--lifespan", "on",
-            "--timeout-graceful-shutdown", "5"]
+            "--loop", "uvloop", "--http", "llmgw.http:HeaderTimeoutProtocol", "--ws", "websockets-sansio",
+            "--lifespan", "on", "--timeout-graceful-shutdown", "5",
+            "--limit-concurrency", str(max_connections), "--backlog", str(backlog),
+            "--timeout-keep-alive", str(max(1, math.ceil(keep_alive_s)))]
     return argv if access_log else argv + ["--no-access-log"]
 
 

@@ -1,0 +1,319 @@
+"""Only the OpenAI endpoints go upstream (issue 12), tried as an attacker would: traversal
+and encoded paths against a replica and an external model, an external model's key and
+the client's organization headers, and upstream response headers — through a real web
+process (uvicorn, as ``llmgw up`` runs it) and a recording upstream that sees every
+request that reaches it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from catalog.models import Model
+from gateway.models import ApiKey
+from tests.processes import free_port, web_server, wait_until
+from tests.test_gateway import routed_to, serve
+from tests.upstream import SAFE_HEADERS, UNSAFE_HEADERS, RecordingUpstream
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+HI = [{"role": "user", "content": "x"}]
+OPERATOR_KEY = "sk-operator-secret"
+
+NASTY_PATHS = [
+    "/v1/../admin/",
+    "/v1/../v1/chat/completions",
+    "/v1/chat/completions/../../props",
+    "/v1/chat/completions/..",
+    "/v1/chat/completions/.",
+    "/v1/./chat/completions",
+    "/v1/%2e%2e/props",
+    "/v1/%2E%2E/slots",
+    "/v1/chat%2Fcompletions",
+    "/v1/chat%2fcompletions",
+    "/v1/%63hat/completions",  # %63 is "c": decodes to the endpoint, but is not how it is spelled
+    "/v1/chat/completions%3Fx=1",
+    "/v1/chat/completions%23frag",
+    "/v1/chat/completions%2F..%2F..%2Fslots",
+    "/v1/chat/completions%00",
+    "/v1/chat/completions%20",
+    "/v1//chat/completions",
+    "/v1/chat//completions",
+    "/v1/chat/completions/",
+    "/v1/chat/completionsX",
+    "/v1/chat/completions;jsessionid=1",
+    "/v1/embeddings;x",
+    "/v1/CHAT/COMPLETIONS",
+    "/v1/slots",
+    "/v1/props",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/v1/tokenize",
+    "/v1/detokenize",
+    "/v1/files",
+    "/v1/chat/completions/x",
+]
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("paths")
+    upstream = RecordingUpstream().start()
+    port = free_port()
+    web = web_server(port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms"})
+    yield {"port": port, "url": f"http://127.0.0.1:{port}", "upstream": upstream, "web": web}
+    web.stop()
+    upstream.stop()
+
+
+@pytest.fixture
+def key(transactional_db) -> str:
+    return ApiKey.create_key("paths")[1]
+
+
+def external(name: str, base_url: str, **kw) -> Model:
+    model = Model(name=name, external_base_url=base_url, external_api_key=OPERATOR_KEY, min_replicas=0,
+                  max_replicas=0, **kw)
+    model.full_clean()
+    model.save()
+    return model
+
+
+@pytest.fixture
+def models(servers, make_model, key):
+    """``rep`` (a replica served here, by the recording upstream), ``ext`` (external, every
+    endpoint), ``ext-chat`` (external, chat only), ``ext-org`` (external, forwards org
+    headers). Waits until the web process routes ``rep`` to this test's replica."""
+    upstream = servers["upstream"]
+    base = f"http://127.0.0.1:{upstream.port}/v1"
+    rep = make_model("rep")
+    replica = serve(rep, upstream.port)
+    made = {"rep": rep, "ext": external("ext", base), "ext-chat": external("ext-chat", base, endpoints="chat/completions"),
+            "ext-org": external("ext-org", base, external_forward_org_headers=True)}
+    wait_until(lambda: routed_to(post(servers, "/v1/chat/completions", {"model": "rep", "messages": HI}, key), replica),
+               timeout_s=15, what="rep to be routed to this test's replica")
+    return made
+
+
+def post(servers, target: str, body: dict, key: str | None, headers: dict | None = None, method: str = "POST"):
+    """Send ``target`` exactly as written (http.client sends the request target untouched;
+    httpx would normalise dot segments). Returns a :class:`Response`."""
+    conn = http.client.HTTPConnection("127.0.0.1", servers["port"], timeout=30)
+    try:
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        if key:
+            sent["Authorization"] = f"Bearer {key}"
+        conn.request(method, target, body=json.dumps(body).encode() if method == "POST" else None, headers=sent)
+        resp = conn.getresponse()
+        raw = resp.read()
+        got_headers = {k.lower(): v for k, v in resp.getheaders()}
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        return Response(resp.status, got_headers, parsed, resp.getheader("Set-Cookie"))
+    finally:
+        conn.close()
+
+
+class Response:
+    def __init__(self, status: int, headers: dict, body, set_cookie) -> None:
+        self.status_code, self.headers, self.body, self.set_cookie = status, headers, body, set_cookie
+
+    def __repr__(self) -> str:
+        return f"<{self.status_code} {self.body!r:.300}>"
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", NASTY_PATHS)
+def test_a_path_that_is_not_exactly_an_endpoint_is_a_404_and_goes_nowhere(servers, models, key, target):
+    upstream = servers["upstream"]
+    for model in ("rep", "ext"):
+        before = upstream.count()
+        r = post(servers, target, {"model": model, "messages": HI, "input": "x", "prompt": "x"}, key)
+        assert r.status_code == 404, (target, model, r)
+        assert r.body["error"]["code"] == "unknown_url" and r.body["error"]["type"] == "invalid_request_error", r
+        assert "x-llmgw-replica" not in r.headers
+        assert upstream.since(before) == [], (target, model, upstream.since(before))
+
+
+def test_an_unknown_path_is_a_404_before_the_key_is_checked(servers, models):
+    before = servers["upstream"].count()
+    r = post(servers, "/v1/../admin/", {"model": "rep"}, None)
+    assert r.status_code == 404 and r.body["error"]["code"] == "unknown_url"
+    assert servers["upstream"].since(before) == []
+
+
+def test_a_get_of_an_engine_private_endpoint_is_a_404_too(servers, models, key):
+    before = servers["upstream"].count()
+    for target in ("/v1/slots", "/v1/props", "/v1/chat/completions/../../health"):
+        r = post(servers, target, {}, key, method="GET")
+        assert r.status_code == 404 and r.body["error"]["code"] == "unknown_url", (target, r)
+    assert servers["upstream"].since(before) == []
+
+
+@pytest.mark.parametrize("model", ["rep", "ext"])
+def test_the_upstream_url_is_the_endpoint_and_never_the_clients_query(servers, models, key, model):
+    before = servers["upstream"].count()
+    r = post(servers, "/v1/chat/completions?api-version=1&x=../../slots", {"model": model, "messages": HI}, key)
+    assert r.status_code == 200, r
+    assert [req["target"] for req in servers["upstream"].since(before)] == ["/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("target, body", [
+    ("/v1/chat/completions/", {"model": "rep", "messages": "not a list"}),
+    ("/v1/chat//completions", {"model": "rep"}),
+    ("/v1/embeddings/", {"model": "rep"}),
+])
+def test_a_near_miss_path_cannot_dodge_validation(servers, models, key, target, body):
+    before = servers["upstream"].count()
+    assert post(servers, target, body, key).status_code == 404
+    assert post(servers, target.rstrip("/").replace("//", "/"), body, key).status_code == 400
+    assert servers["upstream"].since(before) == []
+
+
+# --- external models: key, endpoints, organization ----------------------------------------------
+
+
+def test_the_external_key_goes_only_to_the_endpoints_the_model_allows(servers, models, key):
+    upstream = servers["upstream"]
+    before = upstream.count()
+    for path, body in (("/v1/embeddings", {"model": "ext-chat", "input": "x"}),
+                       ("/v1/completions", {"model": "ext-chat", "prompt": "x"})):
+        r = post(servers, path, body, key)
+        assert r.status_code == 404 and r.body["error"]["code"] == "unknown_url", r
+        assert "ext-chat" in r.body["error"]["message"]
+    assert upstream.since(before) == []
+    assert post(servers, "/v1/chat/completions", {"model": "ext-chat", "messages": HI}, key).status_code == 200
+    seen = upstream.since(before)
+    assert [(s["target"], s["headers"].get("authorization")) for s in seen] == [
+        ("/v1/chat/completions", f"Bearer {OPERATOR_KEY}")]
+
+
+def test_a_replica_restricted_to_some_endpoints_serves_only_those(servers, models, key):
+    Model.objects.filter(name="rep").update(endpoints="embeddings")
+    upstream = servers["upstream"]
+
+    def narrowed():  # the web process caches models for one refresh (50 ms here)
+        before = upstream.count()
+        r = post(servers, "/v1/chat/completions", {"model": "rep", "messages": HI}, key)
+        return r.status_code == 404 and upstream.since(before) == []
+    wait_until(narrowed, timeout_s=10, what="the narrowed endpoints to reach the gateway")
+    assert post(servers, "/v1/embeddings", {"model": "rep", "input": "x"}, key).status_code == 200
+
+
+ORG = {"OpenAI-Organization": "org-chosen-by-client", "OpenAI-Project": "proj-chosen-by-client"}
+
+
+@pytest.mark.parametrize("model", ["ext", "rep"])
+def test_the_clients_organization_headers_are_not_forwarded_by_default(servers, models, key, model):
+    before = servers["upstream"].count()
+    assert post(servers, "/v1/chat/completions", {"model": model, "messages": HI}, key, ORG).status_code == 200
+    (seen,) = servers["upstream"].since(before)
+    assert "openai-organization" not in seen["headers"] and "openai-project" not in seen["headers"]
+    assert "bearer " + key.lower() not in str(seen["headers"]).lower()  # nor, ever, the client's key
+
+
+def test_an_external_model_that_allows_it_gets_the_organization_headers(servers, models, key):
+    before = servers["upstream"].count()
+    assert post(servers, "/v1/chat/completions", {"model": "ext-org", "messages": HI}, key, ORG).status_code == 200
+    (seen,) = servers["upstream"].since(before)
+    assert seen["headers"]["openai-organization"] == "org-chosen-by-client"
+    assert seen["headers"]["openai-project"] == "proj-chosen-by-client"
+    assert seen["headers"]["authorization"] == f"Bearer {OPERATOR_KEY}"
+
+
+# --- response headers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, stream", [("rep", False), ("ext", False), ("rep", True), ("ext", True)])
+def test_upstream_cookies_and_session_headers_never_reach_the_client(servers, models, key, model, stream):
+    r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI, "stream": stream}, key)
+    assert r.status_code == 200, r
+    assert r.set_cookie is None
+    for name in UNSAFE_HEADERS:
+        assert name.lower() not in r.headers, (name, r.headers)
+    for name, value in SAFE_HEADERS.items():  # what a client may use still comes through
+        assert r.headers.get(name.lower()) == value
+
+
+def test_an_upstream_error_keeps_its_status_but_not_its_cookies(servers, models, key):
+    # The recording upstream answers 404 {"detail": ...} for a path it does not serve; the
+    # gateway never sends one there, so make the model's endpoint exist here but not there.
+    Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['upstream'].port}/nowhere")
+    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
+    assert r.status_code == 404 and r.set_cookie is None and "www-authenticate" not in r.headers
+
+
+# --- the catalog's side --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoints", ["slots", "chat/completions, props", "../admin", "v1/chat/completions"])
+def test_a_model_can_only_list_endpoints_the_gateway_knows(make_model, endpoints):
+    with pytest.raises(ValidationError) as exc:
+        make_model("narrow", endpoints=endpoints)
+    assert "endpoints" in exc.value.message_dict
+    assert not Model.objects.filter(name="narrow").exists()
+
+
+def test_endpoints_are_parsed_with_blank_meaning_all(make_model):
+    assert make_model("all").served_endpoints == {"chat/completions", "completions", "embeddings"}
+    assert make_model("some", endpoints=" embeddings ,chat/completions").served_endpoints == {
+        "embeddings", "chat/completions"}
+
+
+def test_only_an_external_model_may_forward_organization_headers(make_model):
+    with pytest.raises(ValidationError) as exc:
+        make_model("here", external_forward_org_headers=True)
+    assert "external_forward_org_headers" in exc.value.message_dict
+
+
+def test_the_rest_api_refuses_an_unknown_endpoint_as_a_field_message(django_user_model, cpu_profile):
+    import base64
+
+    from rest_framework.test import APIClient
+
+    django_user_model.objects.create_superuser("root", "root@localhost", "pw")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Basic " + base64.b64encode(b"root:pw").decode())
+    r = client.post("/api/models/", {"name": "sneaky", "weights": "file:/dev/null", "profile": cpu_profile.pk,
+                                     "endpoints": "chat/completions,../../slots"}, format="json")
+    assert r.status_code == 400 and "endpoints" in r.json(), r.content
+    assert not Model.objects.filter(name="sneaky").exists()
+    r = client.post("/api/models/", {"name": "fine", "weights": "file:/dev/null", "profile": cpu_profile.pk,
+                                     "endpoints": "embeddings"}, format="json")
+    assert r.status_code == 201 and r.json()["endpoints"] == "embeddings"
+    assert r.json()["external_forward_org_headers"] is False
+
+
+# --- the pure parts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, raw, expected", [
+    ("/v1/chat/completions", b"/v1/chat/completions", "chat/completions"),
+    ("/v1/embeddings", None, "embeddings"),  # a server without raw_path: the decoded path decides
+    ("/v1/chat/completions", b"/v1/chat%2Fcompletions", None),
+    ("/v1/chat/completions", b"/v1/chat/completions\xff", None),
+    ("/v1/../v1/completions", None, None),
+    ("/v1/completions/", b"/v1/completions/", None),
+    ("/v2/completions", b"/v2/completions", None),
+])
+def test_match_is_exact_and_rejects_any_encoding(path, raw, expected):
+    from gateway.endpoints import match
+
+    assert match(path, raw) == expected
+
+
+def test_a_header_the_upstream_names_in_connection_is_hop_by_hop():
+    from gateway.proxy import relayed_header
+
+    assert relayed_header("X-Request-Id") and relayed_header("Retry-After") and relayed_header("x-ratelimit-remaining-tokens")
+    assert not relayed_header("X-Upstream-Session", "keep-alive, X-Upstream-Session")
+    for name in ("Set-Cookie", "set-cookie2", "WWW-Authenticate", "Access-Control-Allow-Credentials", "Alt-Svc",
+                 "Transfer-Encoding", "Content-Length", "Upgrade", "OpenAI-Organization"):
+        assert not relayed_header(name), name
