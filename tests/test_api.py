@@ -421,3 +421,16 @@ def test_a_replicas_engine_key_is_in_no_api_answer_nor_admin_page(world, staff, 
     assert [a.status_code for a in answers] == [200] * len(answers)
     assert all(key not in a.content.decode() for a in answers)
     assert str(replica.port) in answers[3].content.decode()  # the page does show the replica
+
+
+def test_explain_and_the_admin_say_when_a_profiles_engines_are_unprotected(world, staff, admin_client):
+    """A custom command without {api_key} is allowed (an engine may take no key) but said."""
+    assert staff.get("/api/explain/lazy/").json()["engine_protected"] is True
+    bare = Profile.objects.create(name="bare", command="my-engine --port {port}", cpu_cores=1)
+    Model.objects.filter(pk=world["model"].pk).update(profile=bare)
+    assert staff.get("/api/explain/lazy/").json()["engine_protected"] is False
+    out = io.StringIO()
+    call_command("llmgw", "explain", "lazy", stdout=out)
+    assert "UNPROTECTED" in out.getvalue()
+    assert "UNPROTECTED" in admin_client.get(f"/admin/catalog/profile/{bare.pk}/change/").content.decode()
+    assert "UNPROTECTED" not in admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
