@@ -417,7 +417,8 @@ def test_a_replicas_engine_key_is_in_no_api_answer_nor_admin_page(world, staff, 
                                                      agent=world["agent"]).engine_key != key
     answers = [staff.get("/api/replicas/"), staff.get(f"/api/replicas/{replica.pk}/"),
                staff.get("/api/explain/lazy/"),
-               admin_client.get(f"/admin/fleet/replica/{replica.pk}/change/"), admin_client.get("/admin/fleet/replica/")]
+               admin_client.get(f"/admin/fleet/replica/{replica.pk}/change/"),
+               admin_client.get("/admin/fleet/replica/")]
     assert [a.status_code for a in answers] == [200] * len(answers)
     assert all(key not in a.content.decode() for a in answers)
     assert str(replica.port) in answers[3].content.decode()  # the page does show the replica
@@ -433,4 +434,5 @@ def test_explain_and_the_admin_say_when_a_profiles_engines_are_unprotected(world
     call_command("llmgw", "explain", "lazy", stdout=out)
     assert "UNPROTECTED" in out.getvalue()
     assert "UNPROTECTED" in admin_client.get(f"/admin/catalog/profile/{bare.pk}/change/").content.decode()
-    assert "UNPROTECTED" not in admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
+    guarded = admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
+    assert "UNPROTECTED" not in guarded and "only the gateway can use them" in guarded

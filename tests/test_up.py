@@ -126,7 +126,8 @@ def test_preset_profiles_of_an_older_database_start_engines_with_a_key_and_custo
                                   command="vllm serve {weights_path} --host {host} --port {port} --served-model-name"
                                           " {served_name} --tensor-parallel-size {tp_size}")
     sglang = Profile.objects.create(name="sglang", engine="sglang", gpus_needed=1, gpu_memory_mib=1,
-                                    command="{python} -m sglang.launch_server --model-path {weights_path} --port {port}")
+                                    command="{python} -m sglang.launch_server --model-path {weights_path}"
+                                            " --port {port}")
     custom = Profile.objects.create(name="mine", engine="custom", command="my-engine --port {port}", cpu_cores=1)
     tuned = Profile.objects.create(name="vllm", engine="vllm", gpus_needed=1, gpu_memory_mib=1,
                                    command="vllm serve {weights_path} --port {port} --api-key {api_key}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -29,8 +30,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import ipaddress
 
 import httpx
 
