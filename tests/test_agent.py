@@ -62,6 +62,8 @@ def test_the_engine_environment_carries_no_agent_secret_and_no_bind_override():
     env = engine_environment(inherited, {"OMP_NUM_THREADS": "1", "MY_KEY": "pre-{api_key}"}, "", "sekrit")
     assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "OMP_NUM_THREADS": "1", "MY_KEY": "pre-sekrit",
                    "CUDA_VISIBLE_DEVICES": ""}
+    # From a control plane that sends no key: no variable set to an empty key.
+    assert "VLLM_API_KEY" not in engine_environment({}, {"VLLM_API_KEY": "{api_key}"}, "0", "")
 
 
 def test_placeholders_inside_a_word_are_filled():
@@ -345,3 +347,14 @@ async def test_an_adopted_engine_is_probed_with_its_key_and_the_state_file_is_pr
         await second.stop_all()
         await second.close()
     assert process_start_time(pid) is None
+
+
+async def test_a_failed_engines_log_lines_reported_upstream_do_not_carry_its_key(manager, tmp_path):
+    script = tmp_path / "chatty.py"
+    script.write_text("import sys\nprint('server_args:', sys.argv, flush=True)\nsys.exit(3)\n")
+    s = spec(1)
+    s["command"] = f"{sys.executable} {script} --port {{port}} --api-key {{api_key}}"
+    manager.apply([s])
+    await wait_state(manager, 1, S.FAILED)
+    error = manager.engines[1].error
+    assert "server_args:" in error and "--api-key" in error and "engine-key-1" not in error

@@ -138,11 +138,17 @@ def engine_environment(inherited: dict[str, str], profile_env: dict[str, str] | 
     """The environment an engine starts with (issue 12, "engines do not inherit secrets"):
     ``inherited`` (the agent's environment) without any ``LLMGW_*`` variable and without
     ``HOST``/``PORT``, then the profile's env with ``{api_key}`` in its values replaced by
-    the replica's key, then ``CUDA_VISIBLE_DEVICES`` (the GPUs assigned, "" for none)."""
+    the replica's key, then ``CUDA_VISIBLE_DEVICES`` (the GPUs assigned, "" for none).
+    Without a key (a control plane from before engine keys) a variable that would hold
+    only the key is left out rather than set empty (an empty key means "no key" to some
+    engines and an impossible one to others)."""
     env = {k: v for k, v in inherited.items()
            if not k.upper().startswith(SECRET_PREFIXES) and k.upper() not in BIND_OVERRIDES}
     for name, value in (profile_env or {}).items():
-        env[str(name)] = str(value).replace("{api_key}", api_key)
+        value = str(value)
+        if not api_key and value.strip() == "{api_key}":
+            continue
+        env[str(name)] = value.replace("{api_key}", api_key)
     env["CUDA_VISIBLE_DEVICES"] = gpus
     return env
 
@@ -492,6 +498,9 @@ class EngineManager:
 
     async def _fail(self, engine: Engine, why: str) -> None:
         tail = engine.log_tail()
+        key = str(engine.spec.get("api_key") or "")
+        if key:  # engines may print their arguments (SGLang its server_args): the key stays here
+            tail = tail.replace(key, "***")
         engine.error = why + (f"\n--- last log lines ---\n{tail}" if tail else "")
         log.warning("replica %s failed: %s", engine.replica_id, why)
         if engine.pid is not None:
