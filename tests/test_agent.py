@@ -15,8 +15,8 @@ import pytest
 
 from catalog.presets import PRESETS
 from catalog.presets import uses_api_key
-from fleet.agent.engines import (AgentConfig, EngineManager, _port_free, engine_environment, process_start_time,
-                                 render_command)
+from fleet.agent.engines import (AgentConfig, EngineManager, _port_free, engine_environment, probe_host,
+                                 process_start_time, render_command, resolve_bind_host)
 from fleet.agent.inventory import read_inventory
 from fleet.agent.metrics import parse_metric
 from fleet.agent.weights import WeightsError, fetch_weights
@@ -358,3 +358,12 @@ async def test_a_failed_engines_log_lines_reported_upstream_do_not_carry_its_key
     await wait_state(manager, 1, S.FAILED)
     error = manager.engines[1].error
     assert "server_args:" in error and "--api-key" in error and "engine-key-1" not in error
+
+
+def test_an_advertised_name_is_resolved_to_the_address_engines_listen_on():
+    assert resolve_bind_host("10.1.2.3") == "10.1.2.3" and resolve_bind_host("[fd00::5]") == "fd00::5"
+    assert resolve_bind_host("localhost") in ("127.0.0.1", "::1")
+    with pytest.raises(ValueError, match="cannot resolve the advertised address"):
+        resolve_bind_host("no-such-host.invalid")
+    assert [probe_host(h) for h in ("0.0.0.0", "::", "10.1.2.3", "fd00::5")] == [
+        "127.0.0.1", "[::1]", "10.1.2.3", "[fd00::5]"]

@@ -436,3 +436,4 @@ def test_explain_and_the_admin_say_when_a_profiles_engines_are_unprotected(world
     assert "UNPROTECTED" in admin_client.get(f"/admin/catalog/profile/{bare.pk}/change/").content.decode()
     guarded = admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
     assert "UNPROTECTED" not in guarded and "only the gateway can use them" in guarded
+    assert "Put {api_key} in the command" in admin_client.get("/admin/catalog/profile/add/").content.decode()

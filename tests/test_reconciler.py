@@ -182,3 +182,11 @@ def test_the_migration_gives_every_existing_replica_a_key_of_its_own(make_model)
     import_module("fleet.migrations.0008_replica_engine_key").give_each_replica_a_key(apps, None)
     keys = list(Replica.objects.values_list("engine_key", flat=True))
     assert len(set(keys)) == 3 and all(len(k) >= 40 for k in keys)
+
+
+def test_the_gateway_reaches_an_engine_on_an_ipv6_advertised_address():
+    from fleet.models import engine_url
+
+    assert engine_url("fd00::5", 20001) == "http://[fd00::5]:20001"
+    assert engine_url("10.0.0.5", 20001) == "http://10.0.0.5:20001"
+    assert engine_url("", 20001) == "http://127.0.0.1:20001"
