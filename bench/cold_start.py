@@ -86,7 +86,8 @@ def start_cluster(tmp: Path, procs: list[Proc]) -> str:
 def create_model(name: str, wrapper: Path, spawn_file: Path, load_s: float):
     from catalog.models import Model, Profile
 
-    command = (f"{{python}} {wrapper} {spawn_file} {FAKE_ENGINE} --port {{port}} --served-name {{served_name}} "
+    command = (f"{{python}} {wrapper} {spawn_file} {FAKE_ENGINE} --host {{host}} --port {{port}}"
+               " --served-name {served_name} --api-key {api_key} "
                f"--startup-delay-s {load_s}")
     profile = Profile(name=f"p-{name}", engine=Profile.Engine.CUSTOM, command=command, gpus_needed=0,
                       gpu_memory_mib=0, cpu_cores=0.1, memory_mib=64, readiness_path="/v1/models",

@@ -67,6 +67,7 @@ import asyncio
 import json
 import os
 import math
+import secrets
 import shutil
 import signal
 import subprocess
@@ -158,9 +159,9 @@ def setup_django(tmp: Path) -> None:
     django.setup()
 
 
-def create_rows(engine_port: int) -> tuple[int, str]:
-    """Catalog and fleet rows for one ready replica on the fake engine; returns the agent's
-    id and a clear API key."""
+def create_rows(engine_port: int, engine_key: str) -> tuple[int, str]:
+    """Catalog and fleet rows for one ready replica on the fake engine (started with
+    ``engine_key``, the replica's engine key); returns the agent's id and a clear API key."""
     from django.utils import timezone
 
     from catalog.models import ClusterSettings, Model, Profile
@@ -169,7 +170,8 @@ def create_rows(engine_port: int) -> tuple[int, str]:
 
     ClusterSettings.get_solo()
     profile = Profile(name="bench-fake", engine=Profile.Engine.CUSTOM,
-                      command="{python} tests/fake_engine.py --port {port} --served-name {served_name}",
+                      command="{python} tests/fake_engine.py --host {host} --port {port} --served-name {served_name}"
+                              " --api-key {api_key}",
                       gpus_needed=0, cpu_cores=1, memory_mib=64, readiness_path="/v1/models", startup_timeout_s=30)
     profile.full_clean()
     profile.save()
@@ -180,7 +182,7 @@ def create_rows(engine_port: int) -> tuple[int, str]:
                                  last_seen_at=timezone.now(), address="127.0.0.1", cpu_cores=os.cpu_count() or 1,
                                  memory_mib=1024)
     Replica.objects.create(model=model, profile=profile, agent=agent, state="ready", port=engine_port,
-                           cpu_cores=1, memory_mib=64, ready_at=timezone.now())
+                           cpu_cores=1, memory_mib=64, ready_at=timezone.now(), engine_key=engine_key)
     _, key = ApiKey.create_key("bench")
     return agent.pk, key
 
@@ -216,9 +218,11 @@ def taskset(cores: set[int]) -> list[str]:
     return ["taskset", "-c", ",".join(str(c) for c in sorted(cores))] if shutil.which("taskset") else []
 
 
-def start_engine(port: int, cores: set[int], tmp: Path, tokens: int) -> Proc:
+def start_engine(port: int, cores: set[int], tmp: Path, tokens: int, api_key: str) -> Proc:
+    """The fake engine on uvloop, refusing requests without ``api_key`` (as the agent's
+    engines do: the gateway sends the replica's key)."""
     proc = Proc([*taskset(cores), PYTHON, str(ROOT / "bench" / "_uvloop_engine.py"), "--port", str(port),
-                 "--served-name", MODEL, "--tokens", str(tokens), "--metrics-kind", "none"],
+                 "--served-name", MODEL, "--tokens", str(tokens), "--metrics-kind", "none", "--api-key", api_key],
                 tmp / "fake-engine.log")
     wait_for_port(port, proc=proc.proc)
     return proc
@@ -646,15 +650,17 @@ def main(argv=None) -> int:
         os.sched_setaffinity(0, load_cores)  # the load generator (this process) off the gateway's core
         setup_django(tmp)
         engine_port = free_port()
-        procs.append(start_engine(engine_port, load_cores, tmp, args.tokens))
-        agent_id, key = create_rows(engine_port)
+        engine_key = secrets.token_urlsafe(32)
+        procs.append(start_engine(engine_port, load_cores, tmp, args.tokens, engine_key))
+        agent_id, key = create_rows(engine_port, engine_key)
         heartbeat = Heartbeat(agent_id)
         heartbeat.start()
         body = bodies(args.tokens)
         say(f"cores: gateway {gateway_core}, load generator and engine {sorted(load_cores)}; temp dir {tmp}")
 
         notes.append(f"machine at start: {machine_load()}")
-        results.append(bench_target(Target("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions", key,
+        # Direct: with the engine key, as the gateway reaches it.
+        results.append(bench_target(Target("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions", engine_key,
                                            procs[0].pid), args, body, None, None, load_cores))
         servers = SERVERS if args.server == "both" else (args.server,)
         for server in servers:

@@ -73,11 +73,27 @@ class BenchmarkInline(admin.TabularInline):
 @admin.register(Profile)
 class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
     """Engine profiles. ``command`` and ``env`` are read-only without the engine-code
-    permission, and creating a profile needs it too (a profile is a command)."""
+    permission, and creating a profile needs it too (a profile is a command). A profile
+    whose engines do not take their replica's key is flagged UNPROTECTED."""
 
-    list_display = ("name", "engine", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib", "readiness_path")
+    list_display = ("name", "engine", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib", "readiness_path",
+                    "engine_key")
     list_filter = ("engine",)
     search_fields = ("name", "command")
+    readonly_fields = ("engine_key_note",)
+
+    @admin.display(boolean=True, description="engine key")
+    def engine_key(self, obj: Profile) -> bool:
+        return obj.protects_engine
+
+    @admin.display(description="engine key")
+    def engine_key_note(self, obj: Profile) -> str:
+        if obj.pk is None:
+            return "Put {api_key} in the command or an env value so that only the gateway can use the engine."
+        if obj.protects_engine:
+            return "Engines start with their replica's key: only the gateway can use them."
+        return ("UNPROTECTED: the command and env have no {api_key}, so anyone who reaches an engine's port "
+                "can use it around the gateway's keys and limits. Add the engine's API key option if it has one.")
 
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))

@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 
 from catalog import schedules
-from catalog.presets import PLACEHOLDERS, PRESETS, template_fields
+from catalog.presets import PLACEHOLDERS, PRESETS, template_fields, uses_api_key
 from catalog.weights import parse_weights_source
 
 #: The largest default_max_tokens accepted: beyond any context window, inside a 32-bit column.
@@ -56,7 +56,8 @@ class Profile(models.Model):
     command = models.TextField(
         help_text="Command template. Placeholders: "
         + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
-        + ". {port} is required."
+        + ". {port} is required. Without {api_key} (here or in env) anyone who reaches the "
+        "engine's port can use it around the gateway."
     )
     gpus_needed = models.PositiveIntegerField(
         default=0, help_text="GPUs per replica (tensor-parallel size). 0 = CPU-only."
@@ -69,7 +70,8 @@ class Profile(models.Model):
     )
     memory_mib = models.PositiveIntegerField(default=0, help_text="RAM a replica uses, in MiB.")
     env = models.JSONField(
-        default=dict, blank=True, help_text='Extra environment, e.g. {"OMP_NUM_THREADS": "1"}.'
+        default=dict, blank=True, help_text='Extra environment, e.g. {"OMP_NUM_THREADS": "1"}. '
+        '{api_key} in a value is replaced by the replica\'s engine key, e.g. {"VLLM_API_KEY": "{api_key}"}.'
     )
     readiness_path = models.CharField(max_length=200, default="/v1/models")
     startup_timeout_s = models.PositiveIntegerField(
@@ -93,6 +95,14 @@ class Profile(models.Model):
     @property
     def cpu_only(self) -> bool:
         return self.gpus_needed == 0
+
+    @property
+    def protects_engine(self) -> bool:
+        """Whether its engines are started with the replica's engine key (``{api_key}`` in
+        the command or env), so that only the gateway can use them (issue 12). A custom
+        command may go without (engines that take no key): allowed, but shown as
+        unprotected in the admin and in ``llmgw explain``."""
+        return uses_api_key(self.command, self.env if isinstance(self.env, dict) else {})
 
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
@@ -131,7 +141,9 @@ class Profile(models.Model):
     def from_preset(cls, preset: str, name: str | None = None) -> "Profile":
         """An unsaved Profile filled from ``catalog.presets.PRESETS[preset]`` (KeyError if
         the preset does not exist)."""
-        return cls(name=name or preset, **PRESETS[preset])
+        values = dict(PRESETS[preset])
+        values["env"] = dict(values.get("env") or {})  # never share the preset's dict
+        return cls(name=name or preset, **values)
 
 
 class Model(models.Model):

@@ -105,7 +105,8 @@ class ReplicaAdmin(admin.ModelAdmin):
     list_display = ("id", "model", "agent", "state", "port", "gpu_indices", "state_changed_at", "last_used_at", "reason")
     list_filter = ("state", "agent", "model")
     list_select_related = ("model", "agent")
-    readonly_fields = [f.name for f in Replica._meta.fields]
+    # Not the engine key: only the gateway and the replica's agent may know it.
+    readonly_fields = [f.name for f in Replica._meta.fields if f.name != "engine_key"]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -43,6 +43,8 @@ def explain_model(model: Model) -> dict:
         "last_failure": failed[0].error if failed else None,
         "on_demand": model.on_demand,
         "external": model.is_external,
+        # Issue 12: without {api_key} its engines serve anyone who reaches their ports.
+        "engine_protected": model.profile.protects_engine if model.profile_id and not model.is_external else None,
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,
         "desired": state.desired if state else 0,

@@ -42,12 +42,14 @@ def process_id() -> str:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A ready replica the gateway may send requests to."""
+    """A ready replica the gateway may send requests to. ``key`` is its engine key, sent
+    as ``Authorization: Bearer`` on every request to it (never shown in a repr)."""
 
     replica_id: int
     model_id: int
     url: str
     agent_name: str
+    key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,7 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     from django.db.models import Sum
 
     from catalog.models import ClusterSettings
-    from fleet.models import Agent, ModelState, Replica
+    from fleet.models import Agent, ModelState, Replica, engine_url
     from fleet.states import COMING_UP, ReplicaState
 
     close_old_connections()
@@ -361,11 +363,12 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
         heard_since = datetime.min.replace(tzinfo=now.tzinfo)
     rows = Replica.objects.filter(
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
-    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at")
-    for rid, model_id, state, port, address, agent_name, last_seen in rows:
+    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
+                  "engine_key")
+    for rid, model_id, state, port, address, agent_name, last_seen, key in rows:
         if state == ReplicaState.READY.value:
             if last_seen is not None and last_seen >= heard_since and port:
-                routes[model_id].append(Endpoint(rid, model_id, f"http://{address or '127.0.0.1'}:{port}", agent_name))
+                routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key))
         else:
             coming[model_id] += 1
     view.routes = {k: tuple(sorted(v, key=lambda e: e.replica_id)) for k, v in routes.items()}

@@ -15,6 +15,15 @@ from fleet import tokens
 from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, check_transition
 
 
+def engine_url(address: str, port: int | None) -> str:
+    """``http://ADDRESS:PORT`` of an engine on an agent's advertised ``address`` (loopback
+    when it has none); an IPv6 address is put in brackets."""
+    host = address or "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 class Agent(models.Model):
     """One machine's agent. Its token is stored as SHA-256; ``generation`` moves whenever
     its desired replica set changes, which is what the web processes' watcher looks at."""
@@ -156,6 +165,9 @@ class Replica(models.Model):
     load_reported_at = models.DateTimeField(null=True, blank=True)
     #: While downloading: the fraction (0..1) of its weights the agent has; None otherwise.
     download_progress = models.FloatField(null=True, blank=True)
+    #: The secret its engine is started with (``{api_key}``); only the gateway and the
+    #: replica's agent ever see it. Never shown in the admin or the REST API.
+    engine_key = models.CharField(max_length=64, default=tokens.new_engine_key, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ReplicaQuerySet.as_manager()
@@ -168,7 +180,7 @@ class Replica(models.Model):
 
     @property
     def url(self) -> str:
-        return f"http://{self.agent.address or '127.0.0.1'}:{self.port}"
+        return engine_url(self.agent.address, self.port)
 
     def transition(self, new: ReplicaState | str, **fields) -> bool:
         """Move to ``new`` if still in the state this object was loaded with (a conditional

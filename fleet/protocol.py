@@ -65,8 +65,14 @@ class Heartbeat(TypedDict):
     v: int
 
 
-class AssignedReplica(TypedDict):
-    """One replica the agent must run. The agent renders ``command`` with its own port."""
+class AssignedReplica(TypedDict, total=False):
+    """One replica the agent must run. The agent renders ``command`` with its own port.
+
+    ``api_key`` is the replica's engine key: the agent starts the engine with it (the
+    ``{api_key}`` placeholder, in the command or the profile's env) and sends it on its
+    readiness and metrics probes; only the gateway sends it otherwise. Optional on the
+    wire: a control plane from before it sends none (the engine then runs unprotected).
+    """
 
     replica_id: int
     served_name: str
@@ -80,6 +86,7 @@ class AssignedReplica(TypedDict):
     metrics_path: str
     metric_running: str
     metric_waiting: str
+    api_key: str
 
 
 class Assign(TypedDict):

@@ -248,6 +248,7 @@ def desired_set(agent_id: int) -> protocol.Assign:
                 "metrics_path": p.metrics_path,
                 "metric_running": p.metric_running,
                 "metric_waiting": p.metric_waiting,
+                "api_key": r.engine_key,
             }
         )
     return {"type": "assign", "v": protocol.PROTOCOL_VERSION, "generation": generation, "replicas": replicas}

@@ -156,6 +156,9 @@ class ExplainSerializer(serializers.Serializer):
     model = serializers.CharField()
     on_demand = serializers.BooleanField()
     external = serializers.BooleanField()
+    engine_protected = serializers.BooleanField(
+        allow_null=True, help_text="Its profile starts engines with their replica's key ({api_key}), so only the "
+        "gateway can use them; false: anyone who reaches an engine's port can. Null: external or no profile.")
     min_replicas = serializers.IntegerField()
     max_replicas = serializers.IntegerField()
     desired = serializers.IntegerField()

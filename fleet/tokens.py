@@ -17,6 +17,14 @@ def new_token(kind: str) -> str:
     return f"llmgw-{kind}-{secrets.token_urlsafe(32)}"
 
 
+def new_engine_key() -> str:
+    """A fresh per-replica engine key (``secrets.token_urlsafe(32)``: 43 URL-safe
+    characters). The agent starts the replica's engine with it and only the gateway sends
+    it, so an engine port cannot be used around the gateway (issue 12). Stored in clear on
+    the Replica row: the gateway must present it, not merely check it."""
+    return secrets.token_urlsafe(32)
+
+
 def token_prefix(token: str) -> str:
     """The part stored in clear to find the row: ``llmgw-<kind>-`` and the first
     ``PREFIX_LEN`` characters of the secret. The secret itself may contain ``-``

@@ -374,7 +374,9 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
         tried.add(endpoint.replica_id)
         usage.begin(endpoint.replica_id)
         try:
-            upstream = await _open(f"{endpoint.url}/v1/{path}", content, headers)
+            # The replica's engine key, never the client's credentials (issue 12).
+            upstream = await _open(f"{endpoint.url}/v1/{path}", content,
+                                   {**headers, "authorization": f"Bearer {endpoint.key}"} if endpoint.key else headers)
             break
         except asyncio.CancelledError:
             # The client went away before the engine's headers (a non-streamed answer sends

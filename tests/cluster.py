@@ -65,7 +65,8 @@ class LiveCluster:
 def fake_profile(name: str = "fake-cpu", *args: str, gpus: int = 0, startup_timeout_s: int = 30):
     from catalog.models import Profile
 
-    command = f"{{python}} {FAKE_ENGINE} --port {{port}} --served-name {{served_name}} " + " ".join(args)
+    command = (f"{{python}} {FAKE_ENGINE} --host {{host}} --port {{port}} --served-name {{served_name}}"
+               " --api-key {api_key} " + " ".join(args))
     profile = Profile(name=name, engine=Profile.Engine.CUSTOM, command=command.strip(), gpus_needed=gpus,
                       gpu_memory_mib=40960 if gpus else 0, cpu_cores=0 if gpus else 0.1, memory_mib=0 if gpus else 64,
                       readiness_path="/v1/models", startup_timeout_s=startup_timeout_s)

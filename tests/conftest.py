@@ -48,7 +48,8 @@ def log_dir(tmp_path):
 @pytest.fixture
 def cpu_profile(db):
     profile = Profile(name="fake-cpu", engine=Profile.Engine.CUSTOM,
-                      command="{python} tests/fake_engine.py --port {port} --served-name {served_name}",
+                      command="{python} tests/fake_engine.py --host {host} --port {port} --served-name {served_name}"
+                              " --api-key {api_key}",
                       gpus_needed=0, cpu_cores=1, memory_mib=128, readiness_path="/v1/models",
                       startup_timeout_s=30)
     profile.full_clean()

@@ -15,11 +15,16 @@ capped by the request's max_tokens.  --capacity limits concurrent requests
 (the rest wait and show as "waiting" in /metrics), --fail-status makes every
 POST fail, --record appends JSON lines (request / completed / cancelled),
 --exit-after-s simulates a crash, and SIGTERM exits 0 at once.
+
+--api-key K (as vLLM's --api-key): every request without ``Authorization: Bearer K`` is
+answered 401, health and metrics included. --dump-env PATH writes the environment it was
+started with (JSON) to PATH.
 """
 import argparse
 import asyncio
 import base64
 import hashlib
+import hmac
 import json
 import os
 import signal
@@ -28,7 +33,7 @@ import sys
 import time
 import uuid
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
            500: "Internal Server Error", 503: "Service Unavailable"}
 TOOL_ARGS = ['{"city', '": "', 'Par', 'is"}']  # joined: {"city": "Paris"}
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -93,6 +98,11 @@ class Engine:
         """Serve one request; returns False when the connection must close."""
         path = path.split("?", 1)[0]
         name = self.args.served_name
+        if self.args.api_key and not hmac.compare_digest(
+                getattr(self, "authorization", "").encode(), f"Bearer {self.args.api_key}".encode()):
+            self.record("refused", path=path, method=method, authorization=getattr(self, "authorization", ""))
+            return await send_json(writer, 401, error_body("Invalid API key", "invalid_request_error",
+                                                           "invalid_api_key"), keep)
         if method == "GET" and path == "/v1/models":
             data = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake",
                                                 "created": int(time.time())}]}
@@ -356,6 +366,8 @@ def parse_args(argv=None):
     p.add_argument("--exit-after-s", type=float, default=0.0)
     p.add_argument("--linger-after-done-ms", type=float, default=0.0)
     p.add_argument("--reset-after-done", action="store_true")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--dump-env", default=None)
     return p.parse_args(argv)
 
 
@@ -370,6 +382,9 @@ async def main(args):
         loop.add_signal_handler(sig, hard_exit, 0)
     if args.exit_after_s:
         loop.call_later(args.exit_after_s, hard_exit, 1)
+    if args.dump_env:
+        with open(args.dump_env, "w", encoding="utf-8") as f:
+            json.dump(dict(os.environ), f)
     if args.startup_delay_s:
         await asyncio.sleep(args.startup_delay_s)
     engine = Engine(args)

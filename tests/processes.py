@@ -83,8 +83,13 @@ class Proc:
         self._log.close()
 
 
-def fake_engine(port: int, log_dir: Path, *args: str, name: str = "fake-model") -> Proc:
-    return Proc([PYTHON, str(ROOT / "tests" / "fake_engine.py"), "--port", str(port), "--served-name", name, *args],
+def fake_engine(port: int, log_dir: Path, *args: str, name: str = "fake-model", api_key: str = "",
+                host: str = "127.0.0.1") -> Proc:
+    """The fake engine on ``host:port``; with ``api_key`` it refuses requests without it
+    (401), as the engines an agent starts do."""
+    key = ["--api-key", api_key] if api_key else []
+    return Proc([PYTHON, str(ROOT / "tests" / "fake_engine.py"), "--host", host, "--port", str(port),
+                 "--served-name", name, *key, *args],
                 log_dir / f"fake-engine-{port}.log")
 
 

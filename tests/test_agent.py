@@ -4,14 +4,19 @@ inventory on a machine without GPUs, and real engine processes (the fake engine)
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from catalog.presets import PRESETS
-from fleet.agent.engines import AgentConfig, EngineManager, process_start_time, render_command
+from catalog.presets import uses_api_key
+from fleet.agent.engines import (AgentConfig, EngineManager, _port_free, engine_environment, probe_host,
+                                 process_start_time, render_command, resolve_bind_host)
 from fleet.agent.inventory import read_inventory
 from fleet.agent.metrics import parse_metric
 from fleet.agent.weights import WeightsError, fetch_weights
@@ -20,27 +25,49 @@ from fleet.states import ReplicaState as S
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 FAKE_ENGINE = str(Path(__file__).parent / "fake_engine.py")
 
-VALUES = {"python": "/usr/bin/python3", "weights_path": "/w/model", "host": "0.0.0.0", "port": 20001,
-          "served_name": "llama-70b", "gpus": "0,1", "tp_size": 2, "threads": 4}
+VALUES = {"python": "/usr/bin/python3", "weights_path": "/w/model", "host": "10.0.0.5", "port": 20001,
+          "served_name": "llama-70b", "gpus": "0,1", "tp_size": 2, "threads": 4, "api_key": "K3y"}
 
 
 # --- presets (vLLM, SGLang, llama-server cannot run here: their command lines are pinned) ---
 
-@pytest.mark.parametrize("preset, expected", [
-    ("vllm", "vllm serve /w/model --host 0.0.0.0 --port 20001 --served-model-name llama-70b --tensor-parallel-size 2"),
-    ("sglang", "/usr/bin/python3 -m sglang.launch_server --model-path /w/model --host 0.0.0.0 --port 20001"
-               " --served-model-name llama-70b --tp-size 2 --enable-metrics"),
-    ("llama-server-gpu", "llama-server -m /w/model --host 0.0.0.0 --port 20001 --alias llama-70b --metrics -ngl 999"),
-    ("llama-cpp-python-cpu", "/usr/bin/python3 -m llama_cpp.server --model /w/model --host 0.0.0.0 --port 20001"
+@pytest.mark.parametrize("preset, expected, key_env", [
+    ("vllm", "vllm serve /w/model --host 10.0.0.5 --port 20001 --served-model-name llama-70b"
+             " --tensor-parallel-size 2", {"VLLM_API_KEY": "K3y"}),
+    # SGLang reads no variable for its key: it is on the command line.
+    ("sglang", "/usr/bin/python3 -m sglang.launch_server --model-path /w/model --host 10.0.0.5 --port 20001"
+               " --served-model-name llama-70b --tp-size 2 --enable-metrics --api-key K3y", {}),
+    ("llama-server-gpu", "llama-server -m /w/model --host 10.0.0.5 --port 20001 --alias llama-70b --metrics -ngl 999",
+     {"LLAMA_API_KEY": "K3y"}),
+    ("llama-cpp-python-cpu", "/usr/bin/python3 -m llama_cpp.server --model /w/model --host 10.0.0.5 --port 20001"
                              " --model_alias llama-70b --n_ctx 2048 --chat_format gemma --n_threads 4"
-                             " --interrupt_requests False"),
+                             " --interrupt_requests False", {"API_KEY": "K3y"}),
 ])
-def test_preset_command_lines(preset, expected):
-    assert render_command(PRESETS[preset]["command"], VALUES) == expected.split()
+def test_preset_command_lines_and_engine_keys(preset, expected, key_env):
+    """Every preset listens on the agent's address and is started with the replica's key,
+    in its environment where the engine reads one there (never on the command line, which
+    every local user can read), else on the command line."""
+    argv = render_command(PRESETS[preset]["command"], VALUES)
+    assert argv == expected.split()
+    env = engine_environment({"PATH": "/bin"}, PRESETS[preset].get("env"), VALUES["gpus"], VALUES["api_key"])
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", **key_env}
+    assert uses_api_key(PRESETS[preset]["command"], PRESETS[preset].get("env"))
+    assert ("K3y" in argv) == (not key_env)
+
+
+def test_the_engine_environment_carries_no_agent_secret_and_no_bind_override():
+    inherited = {"PATH": "/usr/bin", "HOME": "/home/a", "LLMGW_AGENT_TOKEN": "llmgw-agent-x",
+                 "LLMGW_SECRET_KEY": "s", "LLMGW_DATABASE_URL": "postgres://u:p@db/llmgw", "llmgw_lower": "x",
+                 "LLMGW_METRICS_TOKEN": "m", "HOST": "0.0.0.0", "PORT": "80", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    env = engine_environment(inherited, {"OMP_NUM_THREADS": "1", "MY_KEY": "pre-{api_key}"}, "", "sekrit")
+    assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "OMP_NUM_THREADS": "1", "MY_KEY": "pre-sekrit",
+                   "CUDA_VISIBLE_DEVICES": ""}
+    # From a control plane that sends no key: no variable set to an empty key.
+    assert "VLLM_API_KEY" not in engine_environment({}, {"VLLM_API_KEY": "{api_key}"}, "0", "")
 
 
 def test_placeholders_inside_a_word_are_filled():
-    assert render_command("serve --url=http://{host}:{port}/x", VALUES) == ["serve", "--url=http://0.0.0.0:20001/x"]
+    assert render_command("serve --url=http://{host}:{port}/x", VALUES) == ["serve", "--url=http://10.0.0.5:20001/x"]
 
 
 # --- engine metrics --------------------------------------------------------------------------
@@ -77,10 +104,12 @@ def test_missing_weights_file_is_a_clear_error(tmp_path):
 def spec(replica_id: int, *extra: str, timeout_s: int = 20, readiness: str = "/v1/models") -> dict:
     return {
         "replica_id": replica_id, "served_name": "fake-model", "weights": "file:/dev/null",
-        "command": f"{{python}} {FAKE_ENGINE} --port {{port}} --served-name {{served_name}} " + " ".join(extra),
+        "command": (f"{{python}} {FAKE_ENGINE} --host {{host}} --port {{port}} --served-name {{served_name}}"
+                    " --api-key {api_key} " + " ".join(extra)),
         "env": {}, "gpu_indices": [], "cpu_cores": 1, "readiness_path": readiness,
         "startup_timeout_s": timeout_s, "metrics_path": "/metrics",
         "metric_running": "vllm:num_requests_running", "metric_waiting": "vllm:num_requests_waiting",
+        "api_key": f"engine-key-{replica_id}",
     }
 
 
@@ -162,3 +191,179 @@ async def test_a_command_that_cannot_run_fails_instead_of_crashing_the_agent(man
     manager.apply([s])
     await wait_state(manager, 1, S.FAILED)
     assert "No such file" in manager.engines[1].error
+
+
+# --- engines reachable only through the gateway (issue 12) ------------------------------------
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a socket listening on ``port``, read from /proc/net/tcp{,6}
+    (what the kernel says, not what the engine printed)."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)
+                    if width == 8:
+                        found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                    else:  # four little-endian 32-bit words
+                        words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                        found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found
+
+
+def refused(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+async def test_an_engine_port_refuses_requests_without_its_key_while_the_agents_probes_pass(manager, tmp_path):
+    record = tmp_path / "record.jsonl"
+    manager.apply([spec(1, "--record", str(record))])
+    await wait_state(manager, 1, S.READY)
+    engine = manager.engines[1]
+    for _ in range(100):  # the metrics probe sent the key too: load is known, not None
+        if engine.running is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert (engine.running, engine.waiting) == (0, 0)
+    base = f"http://127.0.0.1:{engine.port}"
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        for headers in ({}, {"Authorization": "Bearer engine-key-2"}, {"Authorization": "engine-key-1"},
+                        {"Authorization": "Bearer engine-key-1x"}):
+            answer = await client.post("/v1/chat/completions", json=chat, headers=headers)
+            assert answer.status_code == 401, (headers, answer.text)
+            assert answer.json()["error"]["code"] == "invalid_api_key"
+            for path in ("/v1/models", "/metrics", "/health"):
+                assert (await client.get(path, headers=headers)).status_code == 401
+        events = [json.loads(line)["event"] for line in record.read_text().splitlines()]
+        assert "request" not in events and events.count("refused") == 16  # nothing reached inference
+        ok = await client.post("/v1/chat/completions", json=chat, headers={"Authorization": "Bearer engine-key-1"})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+    assert manager.engines[1].state == S.READY  # the agent's own probes keep passing
+
+
+async def test_an_engine_listens_on_the_advertised_address_only(manager):
+    manager.advertise("127.0.0.2")
+    manager.apply([spec(1)])
+    await wait_state(manager, 1, S.READY)
+    engine = manager.engines[1]
+    assert listening_addresses(engine.port) == {"127.0.0.2"}  # not 0.0.0.0, not 127.0.0.1
+    assert refused("127.0.0.1", engine.port)
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await client.get(f"http://127.0.0.2:{engine.port}/v1/models",
+                                  headers={"Authorization": "Bearer engine-key-1"})
+    assert answer.status_code == 200
+
+
+async def test_an_engine_listens_on_an_advertised_ipv6_address(manager):
+    manager.advertise("::1")
+    manager.apply([spec(1)])
+    await wait_state(manager, 1, S.READY)
+    port = manager.engines[1].port
+    assert listening_addresses(port) == {"::1"}
+    assert refused("127.0.0.1", port)
+
+
+async def test_without_an_advertised_address_engines_listen_on_loopback(manager):
+    manager.apply([spec(1)])
+    await wait_state(manager, 1, S.READY)
+    assert listening_addresses(manager.engines[1].port) == {"127.0.0.1"}
+
+
+def test_the_port_check_looks_at_the_advertised_address_ipv6_too():
+    for family, host in ((socket.AF_INET, "127.0.0.2"), (socket.AF_INET6, "::1")):
+        with socket.socket(family, socket.SOCK_STREAM) as taken:
+            taken.bind((host, 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            assert not _port_free(host, port)
+        assert _port_free(host, port)
+
+
+async def test_an_advertised_address_of_another_machine_is_a_clear_start_failure(manager):
+    manager.advertise("192.0.2.10")  # TEST-NET-1: never an address of this machine
+    manager.apply([spec(1)])
+    await wait_state(manager, 1, S.FAILED)
+    assert "cannot listen on 192.0.2.10: not an address of this machine" in manager.engines[1].error
+
+
+async def test_an_engine_inherits_no_llmgw_variable_and_not_the_agents_token(tmp_path, monkeypatch):
+    token = "llmgw-agent-Secret0123456789"
+    secrets_here = {"LLMGW_AGENT_TOKEN": token, "LLMGW_SECRET_KEY": "django-secret", "LLMGW_ADMIN_PASSWORD": "pw",
+                    "LLMGW_DATABASE_URL": "postgres://llmgw:dbpass@db/llmgw", "LLMGW_METRICS_TOKEN": "metrics"}
+    for name, value in secrets_here.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HOST", "0.0.0.0")  # would move llama-cpp-python's server off the advertised address
+    config = AgentConfig(state_dir=tmp_path / "agent", port_min=21100, port_max=21199, stop_grace_s=2,
+                         readiness_poll_s=0.05)
+    manager = EngineManager(config, on_change=lambda: None, server_url="ws://127.0.0.1:1", token=token)
+    dump = tmp_path / "engine-env.json"
+    s = spec(1, "--dump-env", str(dump))
+    s["env"] = {"OMP_NUM_THREADS": "1", "ENGINE_SECRET": "{api_key}"}
+    try:
+        manager.apply([s])
+        await wait_state(manager, 1, S.READY)
+        seen = json.loads(dump.read_text())
+    finally:
+        await manager.stop_all()
+        await manager.close()
+    assert not [name for name in seen if name.upper().startswith("LLMGW")]
+    assert not [name for name, value in seen.items() if any(v in value for v in secrets_here.values())]
+    assert "HOST" not in seen and seen["PATH"] == os.environ["PATH"]
+    assert (seen["OMP_NUM_THREADS"], seen["ENGINE_SECRET"], seen["CUDA_VISIBLE_DEVICES"]) == ("1", "engine-key-1", "")
+
+
+async def test_an_adopted_engine_is_probed_with_its_key_and_the_state_file_is_private(tmp_path):
+    config = AgentConfig(state_dir=tmp_path / "agent", port_min=21100, port_max=21199, stop_grace_s=2,
+                         readiness_poll_s=0.05, load_poll_s=0.2)
+    first = EngineManager(config, on_change=lambda: None)
+    first.advertise("127.0.0.2")
+    first.apply([spec(1)])
+    await wait_state(first, 1, S.READY)
+    pid, port = first.engines[1].pid, first.engines[1].port
+    await first.close()  # the agent goes away (re-exec, crash): its engine keeps serving
+    assert config.state_file.stat().st_mode & 0o777 == 0o600
+    assert config.state_dir.stat().st_mode & 0o777 == 0o700
+    second = EngineManager(config, on_change=lambda: None)
+    try:
+        assert await second.adopt() == 1
+        engine = second.engines[1]
+        assert (engine.pid, engine.host, engine.port, engine.state) == (pid, "127.0.0.2", port, S.READY)
+        for _ in range(100):
+            if engine.running is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.running == 0  # its metrics answered the key
+        await asyncio.sleep(config.readiness_watch_s + 1.0)
+        assert engine.state == S.READY and not engine.error  # readiness keeps passing
+    finally:
+        await second.stop_all()
+        await second.close()
+    assert process_start_time(pid) is None
+
+
+async def test_a_failed_engines_log_lines_reported_upstream_do_not_carry_its_key(manager, tmp_path):
+    script = tmp_path / "chatty.py"
+    script.write_text("import sys\nprint('server_args:', sys.argv, flush=True)\nsys.exit(3)\n")
+    s = spec(1)
+    s["command"] = f"{sys.executable} {script} --port {{port}} --api-key {{api_key}}"
+    manager.apply([s])
+    await wait_state(manager, 1, S.FAILED)
+    error = manager.engines[1].error
+    assert "server_args:" in error and "--api-key" in error and "engine-key-1" not in error
+
+
+def test_an_advertised_name_is_resolved_to_the_address_engines_listen_on():
+    assert resolve_bind_host("10.1.2.3") == "10.1.2.3" and resolve_bind_host("[fd00::5]") == "fd00::5"
+    assert resolve_bind_host("localhost") in ("127.0.0.1", "::1")
+    with pytest.raises(ValueError, match="cannot resolve the advertised address"):
+        resolve_bind_host("no-such-host.invalid")
+    assert [probe_host(h) for h in ("0.0.0.0", "::", "10.1.2.3", "fd00::5")] == [
+        "127.0.0.1", "[::1]", "10.1.2.3", "[fd00::5]"]

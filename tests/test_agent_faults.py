@@ -23,9 +23,11 @@ pytestmark = pytest.mark.timeout(60)
 def spec(replica_id: int, flag: Path, timeout_s: int = 20) -> dict:
     return {
         "replica_id": replica_id, "served_name": "fake-model", "weights": "file:/dev/null",
-        "command": f"{sys.executable} {FLAKY_ENGINE} --crash-while {flag} --port {{port}} --served-name {{served_name}}",
+        "command": (f"{sys.executable} {FLAKY_ENGINE} --crash-while {flag} --host {{host}} --port {{port}}"
+                    " --served-name {served_name} --api-key {api_key}"),
         "env": {}, "gpu_indices": [], "cpu_cores": 1, "readiness_path": "/v1/models",
         "startup_timeout_s": timeout_s, "metrics_path": "", "metric_running": "", "metric_waiting": "",
+        "api_key": f"key-{replica_id}",
     }
 
 

@@ -416,3 +416,34 @@ def test_default_max_tokens_is_validated_as_a_field_message(staff, cpu_profile, 
     assert answer.status_code == (201 if ok else 400), answer.content
     if not ok:
         assert "default_max_tokens" in answer.json()
+
+
+def test_a_replicas_engine_key_is_in_no_api_answer_nor_admin_page(world, staff, admin_client):
+    """Only the gateway and the replica's agent hold an engine key (issue 12): not the REST
+    API, not the admin (its replica pages show every other field)."""
+    replica = world["replica"]
+    key = replica.engine_key
+    assert len(key) >= 40 and Replica.objects.create(model=world["model"], profile=world["profile"],
+                                                     agent=world["agent"]).engine_key != key
+    answers = [staff.get("/api/replicas/"), staff.get(f"/api/replicas/{replica.pk}/"),
+               staff.get("/api/explain/lazy/"),
+               admin_client.get(f"/admin/fleet/replica/{replica.pk}/change/"),
+               admin_client.get("/admin/fleet/replica/")]
+    assert [a.status_code for a in answers] == [200] * len(answers)
+    assert all(key not in a.content.decode() for a in answers)
+    assert str(replica.port) in answers[3].content.decode()  # the page does show the replica
+
+
+def test_explain_and_the_admin_say_when_a_profiles_engines_are_unprotected(world, staff, admin_client):
+    """A custom command without {api_key} is allowed (an engine may take no key) but said."""
+    assert staff.get("/api/explain/lazy/").json()["engine_protected"] is True
+    bare = Profile.objects.create(name="bare", command="my-engine --port {port}", cpu_cores=1)
+    Model.objects.filter(pk=world["model"].pk).update(profile=bare)
+    assert staff.get("/api/explain/lazy/").json()["engine_protected"] is False
+    out = io.StringIO()
+    call_command("llmgw", "explain", "lazy", stdout=out)
+    assert "UNPROTECTED" in out.getvalue()
+    assert "UNPROTECTED" in admin_client.get(f"/admin/catalog/profile/{bare.pk}/change/").content.decode()
+    guarded = admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
+    assert "UNPROTECTED" not in guarded and "only the gateway can use them" in guarded
+    assert "Put {api_key} in the command" in admin_client.get("/admin/catalog/profile/add/").content.decode()

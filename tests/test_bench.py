@@ -10,7 +10,7 @@ from django.core.management import call_command
 
 from catalog.models import Benchmark
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
-from tests.test_gateway import serve
+from tests.test_gateway import ENGINE_KEY, serve
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -27,7 +27,8 @@ def llmgw(*args):
 def test_bench_finds_the_engines_capacity_within_one_step(make_model, tmp_path):
     engine_port, web_port = free_port(), free_port()
     # 4 slots; 8 tokens 40 ms apart: beyond 4 concurrent, requests wait ~300 ms for a slot.
-    engine = fake_engine(engine_port, tmp_path, "--capacity", "4", "--tokens", "8", "--token-delay-ms", "40")
+    engine = fake_engine(engine_port, tmp_path, "--capacity", "4", "--tokens", "8", "--token-delay-ms", "40",
+                         api_key=ENGINE_KEY)
     web = daphne(web_port, tmp_path, env={"LLMGW_WATCH_INTERVAL": "50ms"})
     try:
         wait_for_port(engine_port)

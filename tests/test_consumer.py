@@ -103,6 +103,9 @@ async def test_assignments_are_delivered_and_redelivered_on_reconnect(make_model
     assert [r["served_name"] for r in first["replicas"]] == ["fake-model"]
     replica_id = first["replicas"][0]["replica_id"]
     assert "{port}" in first["replicas"][0]["command"]
+    # The replica's own engine key travels with it (the agent starts the engine with it).
+    key = await sync_to_async(lambda: Replica.objects.get(pk=replica_id).engine_key)()
+    assert first["replicas"][0]["api_key"] == key and len(key) >= 40
     await ws.disconnect()
 
     ws = communicator(token)

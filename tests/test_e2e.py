@@ -118,3 +118,24 @@ def test_a_request_without_max_tokens_is_bounded_by_the_demo_models_default(clus
     client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"], timeout=90, max_retries=0)
     reply = client.completions.create(model="gemma-3-270m", prompt="Once upon a time")
     assert 0 < reply.usage.completion_tokens <= DEMO_MAX_TOKENS
+
+
+def test_the_real_engine_refuses_a_request_to_its_port_without_the_key(cluster):
+    """llama-cpp-python's server, started by the agent with the replica's key (API_KEY in
+    its environment), refuses anyone who goes around the gateway (issue 12)."""
+    import httpx
+
+    url, key, address = json.loads(manage(cluster, (
+        "import json; from fleet.models import Replica; "
+        "r = Replica.objects.select_related('agent').get(state='ready', model__name='gemma-3-270m'); "
+        "print(json.dumps([r.url, r.engine_key, r.agent.address]))")).strip().splitlines()[-1])
+    chat = {"model": "gemma-3-270m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    for headers in ({}, {"Authorization": f"Bearer {cluster['key']}"}, {"Authorization": "Bearer wrong"}):
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat, headers=headers, timeout=60).status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers=headers, timeout=60).status_code == 401
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60).status_code == 200
+    assert address == "127.0.0.1"
+    # Still served through the gateway, which holds the key.
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
+    assert client.chat.completions.create(model="gemma-3-270m", max_tokens=2,
+                                          messages=[{"role": "user", "content": "Hi"}]).choices

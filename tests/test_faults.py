@@ -264,7 +264,8 @@ def test_an_engine_crash_loop_backs_off_shows_its_log_lines_then_recovers(fleet,
     flag = tmp_path / "broken"
     flag.touch()
     profile = Profile(name="p-flaky", engine=Profile.Engine.CUSTOM,
-                      command=f"{{python}} {FLAKY_ENGINE} --crash-while {flag} --port {{port}} --served-name {{served_name}}",
+                      command=f"{{python}} {FLAKY_ENGINE} --crash-while {flag} --host {{host}} --port {{port}}"
+                              " --served-name {served_name} --api-key {api_key}",
                       gpus_needed=0, cpu_cores=0.1, memory_mib=64, readiness_path="/v1/models", startup_timeout_s=30)
     profile.full_clean()
     profile.save()

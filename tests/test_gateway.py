@@ -13,6 +13,9 @@ from fleet.models import Agent, ModelState, Replica
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 
 HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
+#: The engine key of every replica these tests serve from: the fake engines refuse
+#: requests without it, so every relayed answer proves the gateway sent it.
+ENGINE_KEY = "test-engine-key"
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -21,11 +24,11 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 def servers(django_db_setup, django_db_blocker, tmp_path_factory):
     logs = tmp_path_factory.mktemp("gateway-logs")
     engine_port, slow_port, linger_port, web_port = free_port(), free_port(), free_port(), free_port()
-    engine = fake_engine(engine_port, logs, "--tokens", "8")
-    slow = fake_engine(slow_port, logs, "--tokens", "5", "--token-delay-ms", "300")
-    linger = fake_engine(linger_port, logs, "--tokens", "3", "--linger-after-done-ms", "700")
+    engine = fake_engine(engine_port, logs, "--tokens", "8", api_key=ENGINE_KEY)
+    slow = fake_engine(slow_port, logs, "--tokens", "5", "--token-delay-ms", "300", api_key=ENGINE_KEY)
+    linger = fake_engine(linger_port, logs, "--tokens", "3", "--linger-after-done-ms", "700", api_key=ENGINE_KEY)
     rough_port = free_port()
-    rough = fake_engine(rough_port, logs, "--tokens", "3", "--reset-after-done")
+    rough = fake_engine(rough_port, logs, "--tokens", "3", "--reset-after-done", api_key=ENGINE_KEY)
     web = daphne(web_port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
                                       "LLMGW_COLD_START_TIMEOUT": "2s"})
     wait_for_port(engine_port, proc=engine.proc)
@@ -52,11 +55,12 @@ def client(servers, api_key):
         yield c
 
 
-def serve(model, port: int) -> Replica:
+def serve(model, port: int, engine_key: str = ENGINE_KEY) -> Replica:
+    """A ready replica of ``model`` on the engine at ``port`` (started with ``engine_key``)."""
     agent, _ = Agent.objects.get_or_create(name="local", defaults={"address": "127.0.0.1"})
     Agent.objects.filter(pk=agent.pk).update(connected=True, last_seen_at=timezone.now(), address="127.0.0.1")
     return Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=port,
-                                  cpu_cores=1, memory_mib=128)
+                                  cpu_cores=1, memory_mib=128, engine_key=engine_key)
 
 
 def routed_to(response, replica: Replica) -> bool:

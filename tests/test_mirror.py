@@ -492,9 +492,10 @@ async def test_a_replica_reports_its_download_progress_then_starts_on_the_cached
     manager = EngineManager(config, on_change=lambda: seen.extend(manager.reports()),
                             server_url=control_plane.replace("http://", "ws://"), token=agent_token)
     spec = {"replica_id": 7, "served_name": "served", "weights": "mirror:served",
-            "command": f"{{python}} {FAKE_ENGINE} --port {{port}} --served-name {{served_name}} --text {{weights_path}}",
+            "command": f"{{python}} {FAKE_ENGINE} --host {{host}} --port {{port}} --served-name {{served_name}}"
+                       " --api-key {api_key} --text {weights_path}",
             "env": {}, "gpu_indices": [], "cpu_cores": 1, "readiness_path": "/v1/models", "startup_timeout_s": 20,
-            "metrics_path": "", "metric_running": "", "metric_waiting": ""}
+            "metrics_path": "", "metric_running": "", "metric_waiting": "", "api_key": "k7"}
     try:
         manager.apply([spec])
         for _ in range(400):

@@ -158,3 +158,35 @@ def test_old_usage_reports_and_silent_control_planes_are_forgotten(make_model):
     ControlPlane.objects.create(host="old", role="web", pid=1, last_seen_at=timezone.now() - timedelta(days=2))
     assert forget_old_reports() == 2
     assert list(UsageReport.objects.values_list("process", flat=True)) == ["here:2"]
+
+
+def test_each_placed_replica_gets_an_engine_key_of_its_own(make_model):
+    connected_agent(cores=8, memory=8192)
+    model = make_model("twice", min_replicas=2, max_replicas=2)
+    reconciler.reconcile()
+    keys = list(Replica.objects.filter(model=model).values_list("engine_key", flat=True))
+    assert len(keys) == 2 and len(set(keys)) == 2 and all(len(k) >= 40 for k in keys)
+
+
+def test_the_migration_gives_every_existing_replica_a_key_of_its_own(make_model):
+    """Replicas from before issue 12 had none; one default for all would be one key for all."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    agent = connected_agent()
+    model = make_model("old", min_replicas=0)
+    for _ in range(3):
+        Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=1)
+    Replica.objects.update(engine_key="")
+    import_module("fleet.migrations.0009_replica_engine_key").give_each_replica_a_key(apps, None)
+    keys = list(Replica.objects.values_list("engine_key", flat=True))
+    assert len(set(keys)) == 3 and all(len(k) >= 40 for k in keys)
+
+
+def test_the_gateway_reaches_an_engine_on_an_ipv6_advertised_address():
+    from fleet.models import engine_url
+
+    assert engine_url("fd00::5", 20001) == "http://[fd00::5]:20001"
+    assert engine_url("10.0.0.5", 20001) == "http://10.0.0.5:20001"
+    assert engine_url("", 20001) == "http://127.0.0.1:20001"

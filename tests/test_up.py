@@ -196,3 +196,40 @@ def test_the_demo_api_key_file_is_private(tmp_path, settings):
         os.umask(old_umask)
     assert (tmp_path / "demo_api_key").read_text() == key
     assert (tmp_path / "demo_api_key").stat().st_mode & 0o777 == 0o600
+
+
+OLD_DEMO_COMMAND = ("{python} -m llama_cpp.server --model {weights_path} --host {host} --port {port}"
+                    " --model_alias {served_name} --n_ctx 2048 --chat_format gemma"
+                    " --n_threads {threads} --interrupt_requests False")
+
+
+@pytest.mark.django_db
+def test_preset_profiles_of_an_older_database_start_engines_with_a_key_and_custom_ones_are_left_alone():
+    """Issue 12's data migration: the demo profile ``llmgw up`` made (and any copy of a
+    preset's old command) get the key option; a custom command is the operator's."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    from catalog.models import Profile
+
+    demo = Profile.objects.create(name="llama-cpp-python-cpu", engine="llama_cpp_python", command=OLD_DEMO_COMMAND,
+                                  env={"OMP_NUM_THREADS": "1"}, cpu_cores=1)
+    copy = Profile.objects.create(name="my-vllm", engine="vllm", gpus_needed=1, gpu_memory_mib=1,
+                                  command="vllm serve {weights_path} --host {host} --port {port} --served-model-name"
+                                          " {served_name} --tensor-parallel-size {tp_size}")
+    sglang = Profile.objects.create(name="sglang", engine="sglang", gpus_needed=1, gpu_memory_mib=1,
+                                    command="{python} -m sglang.launch_server --model-path {weights_path}"
+                                            " --port {port}")
+    custom = Profile.objects.create(name="mine", engine="custom", command="my-engine --port {port}", cpu_cores=1)
+    tuned = Profile.objects.create(name="vllm", engine="vllm", gpus_needed=1, gpu_memory_mib=1,
+                                   command="vllm serve {weights_path} --port {port} --api-key {api_key}")
+    before = {p.pk: (p.command, p.env) for p in (custom, tuned)}
+    import_module("catalog.migrations.0006_presets_start_engines_with_a_key").add_engine_keys(apps, None)
+    demo.refresh_from_db(), copy.refresh_from_db(), sglang.refresh_from_db()
+    assert (demo.command, demo.env) == (OLD_DEMO_COMMAND, {"OMP_NUM_THREADS": "1", "API_KEY": "{api_key}"})
+    assert copy.env == {"VLLM_API_KEY": "{api_key}"}
+    assert sglang.command.endswith(" --port {port} --api-key {api_key}") and sglang.env == {}
+    assert {p.pk: (p.command, p.env) for p in Profile.objects.filter(pk__in=before)} == before
+    assert demo.protects_engine and copy.protects_engine and sglang.protects_engine
+    assert not Profile.objects.get(pk=custom.pk).protects_engine

@@ -7,7 +7,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from fleet.agent.client import ClientOptions, run_agent
 from fleet.agent.engines import AgentConfig
@@ -23,7 +22,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="address the gateway uses to reach engines (default: the address this agent reached the control plane from)")
     parser.add_argument("--state-dir", default=env("LLMGW_AGENT_STATE_DIR", str(Path.home() / ".local/share/llmgw-agent")),
                         help="engine logs, weights cache and the adoption state file")
-    parser.add_argument("--bind-host", default=env("LLMGW_ENGINE_BIND_HOST", ""), help="address engines listen on (default: the advertised one)")
+    parser.add_argument("--bind-host", default=env("LLMGW_ENGINE_BIND_HOST", ""),
+                        help="address engines listen on (default: the advertised one; 0.0.0.0 or :: listen on "
+                             "every interface, which the engine key still guards; env LLMGW_ENGINE_BIND_HOST)")
     parser.add_argument("--port-range", default=env("LLMGW_ENGINE_PORTS", "20000-20999"), help="engine ports, outside 32768-60999")
     parser.add_argument("--heartbeat-s", type=float, default=float(env("LLMGW_AGENT_HEARTBEAT_S", "5")))
     parser.add_argument("--stop-grace-s", type=float, default=float(env("LLMGW_ENGINE_STOP_GRACE_S", "10")))
@@ -49,11 +50,13 @@ def main_from_args(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"llmgw agent: --port-range {args.port_range!r} is not LOW-HIGH", file=sys.stderr)
         return 2
-    host = urlsplit(args.server if "//" in args.server else "//" + args.server).hostname or ""
-    loopback = host in ("localhost", "::1") or host.startswith("127.")
-    local_only = loopback and (not args.advertise_address or args.advertise_address.startswith("127."))
-    # Engines must be reachable from the gateway: loopback only when everything is local.
-    bind = args.bind_host or ("127.0.0.1" if local_only else "0.0.0.0")
+    # Engines listen on the advertised address only (issue 12; EngineManager.bind_host):
+    # without --advertise-address, the address this agent reaches the control plane from,
+    # known once connected. --bind-host overrides it.
+    bind = args.bind_host.strip()
+    if args.bind_host.strip() in ("0.0.0.0", "::"):
+        print(f"llmgw agent: engines will listen on every interface ({args.bind_host}); only their keys keep "
+              "them to the gateway: firewall the engine ports", file=sys.stderr)
     config = AgentConfig(state_dir=Path(args.state_dir), bind_host=bind, port_min=low, port_max=high,
                          stop_grace_s=args.stop_grace_s, unready_fail_s=args.unready_fail_s,
                          hung_fail_s=args.hung_fail_s,

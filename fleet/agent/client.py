@@ -118,6 +118,7 @@ class Agent:
         async with connect(self.url, additional_headers=headers, open_timeout=10,
                            ping_interval=20, ping_timeout=20, max_size=16 * 1024 * 1024) as ws:
             address = self.options.advertise_address or ws.local_address[0]
+            self.manager.advertise(address)  # engines listen where the gateway will look
             log.info("connected to %s as %s", self.url, address)
             hello: protocol.Hello = {
                 "type": "hello", "v": protocol.PROTOCOL_VERSION,

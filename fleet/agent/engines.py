@@ -3,13 +3,21 @@ exit, read load, stop (SIGTERM to the group, SIGKILL after a grace), adopt after
 
 Each engine runs in its own session (process group), logs to its own file (never a pipe to
 the agent, which would break when the agent re-executes) and is recorded in a state file
-(pid, process start time, port, served name) so a restarted agent can adopt it.
+(pid, process start time, address, port, served name, its spec with the engine key; mode
+0600) so a restarted agent can adopt it.
+
+Engines are reachable only through the gateway (issue 12): each listens on the address the
+agent advertises (never every interface unless ``--bind-host`` says so), is started with
+its replica's engine key, which the probes here send too, and inherits none of the agent's
+secrets (:func:`engine_environment`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import ipaddress
 import json
 import logging
 import os
@@ -40,7 +48,9 @@ class AgentConfig:
     """Where the agent keeps things and how it runs engines (durations in seconds)."""
 
     state_dir: Path
-    bind_host: str = "127.0.0.1"
+    #: The address engines listen on; empty: the address the agent advertises
+    #: (:meth:`EngineManager.advertise`), loopback until it has one.
+    bind_host: str = ""
     port_min: int = 20000
     port_max: int = 20999
     stop_grace_s: float = 10.0
@@ -113,12 +123,76 @@ def render_command(template: str, values: dict[str, object]) -> list[str]:
     return [word.format(**values) for word in shlex.split(template)]
 
 
+#: Inherited variables an engine never gets: the agent's own settings and secrets (its
+#: token, and on an all-in-one machine the control plane's secret key, database URL, admin
+#: password, metrics token), all spelled ``LLMGW_*``.
+SECRET_PREFIXES = ("LLMGW_",)
+#: Inherited variables that would override the address and port the agent chose
+#: (llama-cpp-python's server lets ``HOST``/``PORT`` win over ``--host``/``--port``).
+#: A profile's env may still set them.
+BIND_OVERRIDES = ("HOST", "PORT")
+
+
+def engine_environment(inherited: dict[str, str], profile_env: dict[str, str] | None, gpus: str,
+                       api_key: str) -> dict[str, str]:
+    """The environment an engine starts with (issue 12, "engines do not inherit secrets"):
+    ``inherited`` (the agent's environment) without any ``LLMGW_*`` variable and without
+    ``HOST``/``PORT``, then the profile's env with ``{api_key}`` in its values replaced by
+    the replica's key, then ``CUDA_VISIBLE_DEVICES`` (the GPUs assigned, "" for none).
+    Without a key (a control plane from before engine keys) a variable that would hold
+    only the key is left out rather than set empty (an empty key means "no key" to some
+    engines and an impossible one to others)."""
+    env = {k: v for k, v in inherited.items()
+           if not k.upper().startswith(SECRET_PREFIXES) and k.upper() not in BIND_OVERRIDES}
+    for name, value in (profile_env or {}).items():
+        value = str(value)
+        if not api_key and value.strip() == "{api_key}":
+            continue
+        env[str(name)] = value.replace("{api_key}", api_key)
+    env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def resolve_bind_host(address: str) -> str:
+    """The IP address to listen on for an advertised ``address`` (an IP, or a host name,
+    resolved to its first address); ValueError if a name does not resolve."""
+    address = address.strip().strip("[]")
+    try:
+        ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 address may carry a %zone
+        return address
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"cannot resolve the advertised address {address!r}: {exc}") from exc
+    return infos[0][4][0]
+
+
+def probe_host(host: str) -> str:
+    """Where this machine reaches an engine listening on ``host``, ready for a URL: the
+    address itself (IPv6 in brackets); loopback for the wildcard addresses."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether ``port`` can be bound on ``host`` (IPv4 or IPv6) right now."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host.split("%", 1)[0]).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise _EngineFailed(f"cannot listen on {host}: not an address of this machine "
+                                    "(set the agent's --bind-host, or --advertise-address)") from exc
             return False
     return True
 
@@ -130,6 +204,8 @@ class Engine:
     spec: AssignedReplica
     state: ReplicaState = S.DOWNLOADING
     pid: int | None = None
+    #: The address it listens on (the agent's advertised one unless ``--bind-host``).
+    host: str = "127.0.0.1"
     port: int | None = None
     start_time: str | None = None
     error: str = ""
@@ -146,6 +222,15 @@ class Engine:
     @property
     def replica_id(self) -> int:
         return self.spec["replica_id"]
+
+    @property
+    def probe_headers(self) -> dict[str, str]:
+        """The replica's engine key for readiness and metrics probes (none if it has none)."""
+        key = self.spec.get("api_key") or ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def base_url(self) -> str:
+        return f"http://{probe_host(self.host)}:{self.port}"
 
     def report(self) -> ReplicaReport:
         return {
@@ -191,10 +276,15 @@ class EngineManager:
         self.weights_cache = WeightsCache(config.cache_dir / "mirror", max_bytes=config.cache_max_bytes,
                                           in_use=self._mirror_in_use)
         self.engines: dict[int, Engine] = {}
+        #: The address the agent advertises (set on connecting); engines bind to it
+        #: unless the config names a bind host.
+        self.advertised = ""
         #: Reports of engines stopped since the last status, sent once then forgotten.
         self.finished: dict[int, ReplicaReport] = {}
         for directory in (config.state_dir, config.cache_dir, config.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # it holds engine keys (state file) and logs
+            config.state_dir.chmod(0o700)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(2.0, connect=1.0))
 
     # -- reports ---------------------------------------------------------------------------
@@ -206,6 +296,18 @@ class EngineManager:
     def sent(self) -> None:
         self.finished.clear()
 
+    def advertise(self, address: str) -> None:
+        """The address the agent advertises to the control plane (the gateway reaches
+        engines there); engines started from now on listen on it."""
+        self.advertised = address
+
+    def bind_host(self) -> str:
+        """Where a new engine listens: ``--bind-host`` if given, else the advertised
+        address (resolved to an IP), else loopback. ValueError if it does not resolve."""
+        if self.config.bind_host:
+            return self.config.bind_host
+        return resolve_bind_host(self.advertised) if self.advertised else "127.0.0.1"
+
     def _changed(self) -> None:
         self.save_state()
         self.on_change()
@@ -214,7 +316,7 @@ class EngineManager:
     def save_state(self) -> None:
         data = {
             str(e.replica_id): {
-                "pid": e.pid, "start_time": e.start_time, "port": e.port,
+                "pid": e.pid, "start_time": e.start_time, "host": e.host, "port": e.port,
                 "served_name": e.spec["served_name"], "spec": e.spec,
                 "log_path": str(e.log_path) if e.log_path else None,
             }
@@ -222,7 +324,11 @@ class EngineManager:
             if e.pid is not None and not e.stopping
         }
         tmp = self.config.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
+        # 0600 from the start: the specs hold the engine keys.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data))
+        os.chmod(tmp, 0o600)  # a file left by an older agent keeps its mode otherwise
         tmp.replace(self.config.state_file)
 
     async def adopt(self) -> int:
@@ -239,8 +345,10 @@ class EngineManager:
             spec = item.get("spec")
             if not pid or not spec or process_start_time(pid) != start:
                 continue
+            # The spec recorded holds the engine key the engine was started with, so the
+            # readiness check below (and every later probe) presents it.
             engine = Engine(spec=spec, state=S.STARTING, pid=pid, port=item.get("port"),
-                            start_time=start, adopted=True)
+                            host=item.get("host") or "127.0.0.1", start_time=start, adopted=True)
             if item.get("log_path"):
                 engine.log_path = Path(item["log_path"])
             if await self._ready(engine):
@@ -287,23 +395,25 @@ class EngineManager:
                 cache=self.weights_cache, progress=progress,
             )
             engine.progress = None
-            engine.port = self._pick_port()
+            engine.host = self.bind_host()
+            engine.port = self._pick_port(engine.host)
             engine.log_path = self.config.log_dir / f"replica-{engine.replica_id}.log"
+            key = str(spec.get("api_key") or "")
             values = {
                 "python": sys.executable,
                 "weights_path": str(weights),
-                "host": self.config.bind_host,
+                "host": engine.host,
                 "port": engine.port,
                 "served_name": spec["served_name"],
                 "gpus": ",".join(str(i) for i in spec["gpu_indices"]),
                 "tp_size": max(1, len(spec["gpu_indices"])),
                 "threads": max(1, int(spec.get("cpu_cores") or 1)),
+                "api_key": key,
             }
             argv = render_command(spec["command"], values)
-            env = dict(os.environ)
-            env.update(spec.get("env") or {})
-            env["CUDA_VISIBLE_DEVICES"] = values["gpus"]
-            log.info("starting replica %s: %s", engine.replica_id, " ".join(argv))
+            env = engine_environment(dict(os.environ), spec.get("env"), values["gpus"], key)
+            shown = " ".join(argv).replace(key, "***") if key else " ".join(argv)
+            log.info("starting replica %s on %s:%s: %s", engine.replica_id, engine.host, engine.port, shown)
             with open(engine.log_path, "ab") as log_file:
                 engine.proc = subprocess.Popen(
                     argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -377,8 +487,9 @@ class EngineManager:
             if engine.spec.get("metrics_path") and time.monotonic() >= next_load:
                 next_load = time.monotonic() + self.config.load_poll_s
                 running, waiting = await read_load(
-                    self._http, f"http://127.0.0.1:{engine.port}{engine.spec['metrics_path']}",
+                    self._http, f"{engine.base_url()}{engine.spec['metrics_path']}",
                     engine.spec.get("metric_running", ""), engine.spec.get("metric_waiting", ""),
+                    headers=engine.probe_headers,
                 )
                 if (running, waiting) != (engine.running, engine.waiting):
                     engine.running, engine.waiting = running, waiting
@@ -387,6 +498,9 @@ class EngineManager:
 
     async def _fail(self, engine: Engine, why: str) -> None:
         tail = engine.log_tail()
+        key = str(engine.spec.get("api_key") or "")
+        if key:  # engines may print their arguments (SGLang its server_args): the key stays here
+            tail = tail.replace(key, "***")
         engine.error = why + (f"\n--- last log lines ---\n{tail}" if tail else "")
         log.warning("replica %s failed: %s", engine.replica_id, why)
         if engine.pid is not None:
@@ -402,19 +516,19 @@ class EngineManager:
         ("no answer" when it accepted the connection but did not answer in time)."""
         if engine.port is None:
             return "no port"
-        url = f"http://127.0.0.1:{engine.port}{engine.spec.get('readiness_path') or '/'}"
+        url = f"{engine.base_url()}{engine.spec.get('readiness_path') or '/'}"
         try:
-            response = await self._http.get(url)
+            response = await self._http.get(url, headers=engine.probe_headers)
         except httpx.TimeoutException as exc:
             return "no answer" if not isinstance(exc, httpx.ConnectTimeout) else "connect timeout"
         except httpx.HTTPError as exc:
             return type(exc).__name__
         return None if response.status_code == 200 else f"HTTP {response.status_code}"
 
-    def _pick_port(self) -> int:
+    def _pick_port(self, host: str) -> int:
         used = {e.port for e in self.engines.values() if e.port}
         for port in range(self.config.port_min, self.config.port_max + 1):
-            if port not in used and _port_free(self.config.bind_host, port):
+            if port not in used and _port_free(host, port):
                 return port
         raise _EngineFailed(f"no free port in {self.config.port_min}-{self.config.port_max}")
 

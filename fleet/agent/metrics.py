@@ -33,10 +33,12 @@ def parse_metric(text: str, name: str) -> int | None:
     return int(round(total)) if found else None
 
 
-async def read_load(client: httpx.AsyncClient, url: str, running_name: str, waiting_name: str) -> tuple[int | None, int | None]:
-    """(running, waiting) requests at the engine; each None when unknown."""
+async def read_load(client: httpx.AsyncClient, url: str, running_name: str, waiting_name: str,
+                    headers: dict[str, str] | None = None) -> tuple[int | None, int | None]:
+    """(running, waiting) requests at the engine; each None when unknown (a refusal, such
+    as a 401 for a missing engine key, included). ``headers``: the replica's engine key."""
     try:
-        response = await client.get(url)
+        response = await client.get(url, headers=headers)
     except httpx.HTTPError:
         return None, None
     if response.status_code != 200:

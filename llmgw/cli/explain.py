@@ -27,6 +27,9 @@ def run(options, stdout, stderr) -> int:
     stdout.write(f"{info['model']}: {info['ready']} ready of {info['desired']} desired"
                  f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''})\n")
     stdout.write(f"  why:         {info['reason']}\n")
+    if info.get("engine_protected") is False:
+        stdout.write("  UNPROTECTED: its profile starts engines without {api_key}: anyone who reaches an engine's"
+                     " port can use it around the gateway\n")
     if info["on_demand"]:
         stdout.write(f"  wanted at:   {info['wanted_at'] or 'not wanted (no request within its idle timeout)'}\n")
     idle = "never used" if info["idle_for_s"] is None else f"idle for {info['idle_for_s']:.0f} s"
