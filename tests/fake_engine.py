@@ -237,6 +237,7 @@ class Engine:
         await writer.drain()
         # Watch the socket: EOF (or an error) means the client went away.
         watcher = asyncio.ensure_future(reader.read(65536))
+        pipelined = False
         try:
             for i, piece in enumerate(pieces):
                 if i and delay:
@@ -274,12 +275,23 @@ class Engine:
                 raise ClientGone()
             if self.args.linger_after_done_ms:  # the end of the body comes a little later
                 await asyncio.sleep(self.args.linger_after_done_ms / 1000)
+            # Stop watching *before* the end of the body: once the client has it, it may send
+            # its next request on this connection, and the watcher would swallow it.
+            pipelined = await self.stop_watching(watcher)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         finally:
-            pipelined = watcher.done() and not watcher.cancelled() and not watcher.exception()
-            watcher.cancel()
+            pipelined = await self.stop_watching(watcher) or pipelined
         return not pipelined  # bytes swallowed by the watcher: don't reuse the connection
+
+    @staticmethod
+    async def stop_watching(watcher) -> bool:
+        """Cancel the disconnect watcher and wait until it is gone (the connection's next
+        read must not race it); True if it had read bytes, which are lost."""
+        swallowed = watcher.done() and not watcher.cancelled() and not watcher.exception() and bool(watcher.result())
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        return swallowed
 
     @staticmethod
     def check_alive(watcher, writer):

@@ -185,6 +185,23 @@ def test_service_install_writes_units_with_kill_mode_process_for_the_agent(tmp_p
     agent_unit = (units / "llmgw-agent.service").read_text()
     assert "KillMode=process" in agent_unit and "llmgw agent" in agent_unit
     assert "qcluster" in (units / "llmgw-worker.service").read_text()
+    # The web unit runs uvicorn as `llmgw up` does, with its bounds and exposure check.
+    assert "llmgw web --host ${LLMGW_HOST}" in (units / "llmgw-web.service").read_text()
+    assert (units / "llmgw-web.service").stat().st_mode & 0o777 == 0o644
+
+
+def test_llmgw_web_on_a_public_address_needs_allowed_hosts_and_starts_nothing(monkeypatch, settings):
+    from llmgw.cli import web
+
+    settings.LLMGW_ALLOWED_HOSTS = []
+    execs = []
+    monkeypatch.setattr(web.os, "execv", lambda *a: execs.append(a))
+    err = io.StringIO()
+    assert web.run({"host": "0.0.0.0", "port": 8000}, io.StringIO(), err) == 2
+    assert "LLMGW_ALLOWED_HOSTS" in err.getvalue() and execs == []
+    assert web.run({"host": "127.0.0.1", "port": 8000}, io.StringIO(), io.StringIO()) == 1
+    (path, argv), = execs
+    assert "--limit-concurrency" in argv and "llmgw.http:HeaderTimeoutProtocol" in argv and "127.0.0.1" in argv
 
 
 def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_path, monkeypatch, fleet):

@@ -2,7 +2,7 @@
 run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 failed,
 2 bad usage, 3 no systemd)."""
 
-from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up
+from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up, web
 from llmgw.cli import simulate
 
 COMMANDS = {
@@ -19,4 +19,5 @@ COMMANDS = {
     "bench": bench,
     "mirror": mirror,
     "simulate": simulate,
+    "web": web,
 }

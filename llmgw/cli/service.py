@@ -38,9 +38,10 @@ def unit_files() -> dict[str, str]:
     python, base = sys.executable, Path(settings.BASE_DIR)
     manage = base / "manage.py"
     return {
+        # `llmgw web`: uvicorn as `llmgw up` runs it (connection limit, header deadline,
+        # keep-alive) and its exposure check (a public address needs LLMGW_ALLOWED_HOSTS).
         UNITS["web"]: UNIT_TEMPLATE.format(what="control plane (web: admin, API, gateway, agent websocket)", base=base,
-                                           command=f"{python} -m uvicorn llmgw.asgi:application --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}} "
-                                                   "--loop uvloop --http httptools --ws websockets-sansio --lifespan on",
+                                           command=f"{python} {manage} llmgw web --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}}",
                                            extra="Environment=LLMGW_HOST=0.0.0.0\nEnvironment=LLMGW_PORT=8000\n"),
         UNITS["worker"]: UNIT_TEMPLATE.format(what="reconciler worker (django-q2)", base=base,
                                               command=f"{python} {manage} qcluster", extra=""),
@@ -71,11 +72,14 @@ def run(options, stdout, stderr) -> int:
             for name, content in unit_files().items():
                 if name in units:
                     (directory / name).write_text(content)
+                    (directory / name).chmod(0o644)  # no secrets in them; llmgw's umask is 077
                     stdout.write(f"wrote {directory / name}\n")
         except OSError as exc:
             stderr.write(f"cannot write unit files to {directory}: {exc}\n")
             return FAILED
-        stdout.write("put LLMGW_* settings (and LLMGW_SERVER, LLMGW_AGENT_TOKEN for the agent) in /etc/llmgw/llmgw.env\n")
+        stdout.write("put LLMGW_* settings in /etc/llmgw/llmgw.env (mode 600): LLMGW_ALLOWED_HOSTS for the web unit "
+                     "(it listens on 0.0.0.0 and refuses to start without it), LLMGW_SERVER and LLMGW_AGENT_TOKEN "
+                     "for the agent\n")
         if not available:
             stderr.write(f"note: {why}; the units take effect on a machine run by systemd\n")
             return NO_SYSTEMD
