@@ -212,7 +212,6 @@ class ObtainToken(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 429: OpenApiTypes.OBJECT})
     def post(self, request):
         username = request.data.get("username") if hasattr(request.data, "get") else None
-        username = username if isinstance(username, str) else None
         address = auth_throttle.client_address(request)
         auth_throttle.check(username, address)
         serializer = AuthTokenSerializer(data=request.data, context={"request": request})

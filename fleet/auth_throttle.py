@@ -1,5 +1,5 @@
-"""Failed REST API logins, counted per username and per client address (the token endpoint
-``POST /api/auth/token/`` and HTTP basic auth share the counters).
+"""Failed password logins, counted per username and per client address (the token endpoint
+``POST /api/auth/token/``, HTTP basic auth and the admin's login page share the counters).
 
 Counters live in Django's cache (``settings.CACHES``: in memory in the embedded default,
 Redis in production so every web process sees the same counts), in fixed windows of
@@ -15,8 +15,10 @@ a username can keep it locked out of password logins for as long as they keep fa
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import time
+import unicodedata
 
 from django.conf import settings
 from django.core.cache import cache
@@ -42,15 +44,41 @@ def _limit() -> int:
 
 def client_address(request) -> str:
     """The client's address as DRF's throttles see it (``REST_FRAMEWORK["NUM_PROXIES"]``:
-    by default the socket's peer, never a client-written ``X-Forwarded-For``)."""
+    by default the socket's peer, never a client-written ``X-Forwarded-For``). Works for a
+    DRF request and a plain Django one (the admin's login form)."""
     return BaseThrottle().get_ident(request) or "unknown"
 
 
-def _keys(username: str | None, address: str, bucket: int) -> list[str]:
-    keys = [f"{KEY}:addr:{hashlib.sha256(address.encode()).hexdigest()[:32]}:{bucket}"]
-    if username:
-        # Usernames are compared case-insensitively, as people type them.
-        digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
+def address_key(address: str) -> str:
+    """What an address is counted as: an IPv6 client by its /64 (one host is handed a
+    whole /64 and could otherwise change address at every attempt), an IPv4-mapped IPv6
+    address as the IPv4 address it is; anything else as written."""
+    try:
+        ip = ipaddress.ip_address(address.strip().split("%")[0])
+    except ValueError:
+        return address.strip()
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+def username_key(username) -> str | None:
+    """What a username is counted as: as people type it (NFKC, as Django's login form
+    normalises it; case and surrounding spaces ignored). A number in a JSON body is a
+    username too (the token endpoint's serializer accepts it)."""
+    if isinstance(username, bool) or not isinstance(username, (str, int, float)):
+        return None
+    name = unicodedata.normalize("NFKC", str(username)).strip().casefold()
+    return name or None
+
+
+def _keys(username, address: str, bucket: int) -> list[str]:
+    keys = [f"{KEY}:addr:{hashlib.sha256(address_key(address).encode()).hexdigest()[:32]}:{bucket}"]
+    name = username_key(username)
+    if name:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:32]
         keys.append(f"{KEY}:user:{digest}:{bucket}")
     return keys
 
@@ -62,17 +90,27 @@ def _bucket() -> tuple[int, float]:
     return bucket, (bucket + 1) * window - now
 
 
-def check(username: str | None, address: str) -> None:
-    """Raise DRF's ``Throttled`` (429, ``Retry-After`` in whole seconds) when ``username``
-    or ``address`` already failed ``LLMGW_AUTH_FAILURE_LIMIT`` times in this window."""
+MESSAGE = "Too many failed logins for this user or address; try again later."
+
+
+def wait_s(username, address: str) -> int | None:
+    """Seconds until ``username`` and ``address`` may try again (None: they may now)."""
     bucket, left_s = _bucket()
     counts = cache.get_many(_keys(username, address, bucket))
     if any(int(n) >= _limit() for n in counts.values()):
-        raise Throttled(wait=max(1, math.ceil(left_s)),
-                        detail="Too many failed logins for this user or address; try again later.")
+        return max(1, math.ceil(left_s))
+    return None
 
 
-def record_failure(username: str | None, address: str) -> None:
+def check(username, address: str) -> None:
+    """Raise DRF's ``Throttled`` (429, ``Retry-After`` in whole seconds) when ``username``
+    or ``address`` already failed ``LLMGW_AUTH_FAILURE_LIMIT`` times in this window."""
+    wait = wait_s(username, address)
+    if wait is not None:
+        raise Throttled(wait=wait, detail=MESSAGE)
+
+
+def record_failure(username, address: str) -> None:
     """Count one failed login for ``username`` (if given) and ``address``; atomic in the
     cache (``add`` then ``incr``), so concurrent web processes do not lose counts."""
     bucket, _ = _bucket()

@@ -154,6 +154,36 @@ def test_usernames_are_counted_whatever_their_case(ops, clock):
     assert get_token(REMOTE_ADDR="10.1.1.1").status_code == 429
 
 
+def test_a_number_for_a_username_is_counted_as_that_username(django_user_model, clock):
+    """The serializer takes a JSON number as a username: it must not dodge the per-user count."""
+    django_user_model.objects.create_user("12345", password="right-horse-battery", is_staff=True)
+    for n in range(5):
+        answer = APIClient().post("/api/auth/token/", {"username": 12345, "password": "guess"}, format="json",
+                                  REMOTE_ADDR=f"10.2.0.{n}")
+        assert answer.status_code == 400
+    for username in (12345, "12345"):
+        answer = APIClient().post("/api/auth/token/", {"username": username, "password": "right-horse-battery"},
+                                  format="json", REMOTE_ADDR="10.2.1.1")
+        assert answer.status_code == 429
+    assert not ApiToken.objects.exists()
+
+
+def test_an_ipv6_client_is_counted_by_its_slash_64(ops, clock):
+    """One host holds a whole /64: changing the last bits at every attempt is one address."""
+    for n in range(5):
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=f"2001:db8:1:2::{n + 1:x}").status_code == 400
+    assert get_token(REMOTE_ADDR="2001:db8:1:2:ffff::9").status_code == 429
+    assert get_token(REMOTE_ADDR="2001:db8:1:3::1").status_code == 200  # another /64
+
+
+def test_an_ipv4_mapped_ipv6_address_is_the_ipv4_address(ops, clock):
+    for n in range(5):
+        address = "::ffff:198.51.100.4" if n % 2 else "198.51.100.4"
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=address).status_code == 400
+    assert get_token(REMOTE_ADDR="198.51.100.4").status_code == 429
+    assert get_token(REMOTE_ADDR="::ffff:198.51.100.4").status_code == 429
+
+
 def test_a_malformed_token_request_is_a_400_not_a_500(clock):
     assert APIClient().post("/api/auth/token/", [1, 2], format="json").status_code == 400
     assert APIClient().post("/api/auth/token/", {"username": ["x"], "password": 5}, format="json").status_code == 400
@@ -188,6 +218,40 @@ def test_a_throttled_basic_login_changes_nothing(ops, clock):
     client.credentials(HTTP_AUTHORIZATION=basic("ops", "right-horse-battery"))
     assert client.post("/api/cluster/stop/").status_code == 429
     assert not ClusterSettings.get_solo().stopped
+
+
+# --- Throttling the admin's login page ----------------------------------------------------------
+
+
+def admin_login(username: str, password: str, **extra):
+    from django.test import Client
+
+    client = Client(**extra)
+    answer = client.post("/admin/login/", {"username": username, "password": password, "next": "/admin/"})
+    return answer, "_auth_user_id" in client.session
+
+
+def test_the_admin_login_page_is_throttled_with_the_api_counters(ops, clock):
+    """Otherwise guessing would go on at /admin/login/ while the API answers 429."""
+    answer, logged_in = admin_login("ops", "right-horse-battery")
+    assert answer.status_code == 302 and logged_in
+    for _ in range(5):
+        answer, logged_in = admin_login("ops", "guess")
+        assert answer.status_code == 200 and not logged_in
+    answer, logged_in = admin_login("ops", "right-horse-battery", REMOTE_ADDR="10.3.0.1")
+    assert not logged_in and "Too many failed logins" in answer.content.decode()
+    assert get_token(REMOTE_ADDR="10.3.0.2").status_code == 429  # the same counters
+    clock[0] += 61
+    assert admin_login("ops", "right-horse-battery")[1]
+
+
+def test_api_failures_throttle_the_admin_login_and_its_username_is_normalised(ops, clock):
+    """The admin's form reads a username as NFKC (fullwidth letters log in as ops): counted as ops."""
+    for n in range(5):
+        assert get_token("guess", REMOTE_ADDR=f"10.4.0.{n}").status_code == 400
+    for username in ("ops", " OPS ", "\uff4f\uff50\uff53"):
+        answer, logged_in = admin_login(username, "right-horse-battery", REMOTE_ADDR="10.4.1.1")
+        assert not logged_in, username
 
 
 # --- The admin's list of tokens ---------------------------------------------------------------------
