@@ -294,9 +294,27 @@ def test_the_dashboard_refuses_a_staff_member_without_permissions_and_shows_no_b
     assert snapshot() == before
 
 
+def test_the_dashboard_shows_the_cluster_only_with_the_permission_the_api_asks_for_it(client, django_user_model,
+                                                                                      world):
+    """The page and its fragment are GET /api/cluster/ and more (agents, models, replicas):
+    a staff member without that permission sees none of it."""
+    logged_in(client, django_user_model, "nobody")
+    assert api_client("nobody").get("/api/cluster/").status_code == 403
+    for url in ("/admin/dashboard/", "/admin/dashboard/live/"):
+        answer = client.get(url)
+        assert answer.status_code == 403, url
+        assert world["agent"].name not in answer.content.decode()
+    client.logout()
+    logged_in(client, django_user_model, "viewer", [perm(Act.VIEW_CLUSTER)])
+    assert api_client("viewer").get("/api/cluster/").status_code == 200
+    for url in ("/admin/dashboard/", "/admin/dashboard/live/"):
+        answer = client.get(url)
+        assert answer.status_code == 200 and world["agent"].name in answer.content.decode(), url
+
+
 def test_the_permissions_the_dashboard_once_asked_for_no_longer_allow_its_acts(client, django_user_model, world):
-    logged_in(client, django_user_model, "old", ["fleet.change_agent", "catalog.change_clustersettings",
-                                                 "catalog.change_model"])
+    logged_in(client, django_user_model, "old", [perm(Act.VIEW_CLUSTER), "fleet.change_agent",
+                                                 "catalog.change_clustersettings", "catalog.change_model"])
     fragment = client.get("/admin/dashboard/live/").content.decode()
     assert "Cordon" not in fragment and "Stop the cluster" not in fragment and "Evict" not in fragment
     before = snapshot()
@@ -315,7 +333,7 @@ def test_the_permissions_the_dashboard_once_asked_for_no_longer_allow_its_acts(c
 ])
 def test_the_dashboard_shows_exactly_the_buttons_the_user_may_use(client, django_user_model, world, act, button,
                                                                   absent):
-    logged_in(client, django_user_model, "one", [perm(act)])
+    logged_in(client, django_user_model, "one", [perm(Act.VIEW_CLUSTER), perm(act)])
     fragment = client.get("/admin/dashboard/live/").content.decode()
     assert button in fragment
     for other in absent:
