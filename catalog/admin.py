@@ -209,7 +209,7 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
             "Start", lambda r: type(self).start_cluster(), False)
 
     def has_add_permission(self, request) -> bool:
-        return not ClusterSettings.objects.exists()
+        return super().has_add_permission(request) and not ClusterSettings.objects.exists()
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -403,6 +403,22 @@ def test_the_agent_admin_cordons_drains_and_registers_with_the_acts_permissions(
     assert Agent.authenticate(token).name == "gpu-new"
 
 
+def test_the_cluster_settings_admin_adds_the_missing_singleton_only_with_the_add_permission(client,
+                                                                                           django_user_model):
+    """Before the singleton exists, adding it (time zone, scaling timers) is Django's
+    add permission like any model's, not open to every staff member."""
+    ClusterSettings.objects.all().delete()
+    logged_in(client, django_user_model, "nobody")
+    assert client.get("/admin/catalog/clustersettings/add/").status_code == 403
+    answer = client.post("/admin/catalog/clustersettings/add/", {"time_zone": "Asia/Tokyo",
+                                                                "default_idle_timeout_s": 1})
+    assert answer.status_code == 403
+    assert not ClusterSettings.objects.exists()
+    client.logout()
+    logged_in(client, django_user_model, "adder", ["catalog.add_clustersettings"])
+    assert client.get("/admin/catalog/clustersettings/add/").status_code == 200
+
+
 def test_the_cluster_admin_refuses_stop_and_start_without_their_permissions(client, django_user_model, world):
     logged_in(client, django_user_model, "editor", ["catalog.view_clustersettings", "catalog.change_clustersettings"])
     page = client.get("/admin/catalog/clustersettings/1/change/").content.decode()
