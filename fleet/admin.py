@@ -19,16 +19,13 @@ class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
     the way around the REST API's throttle)."""
 
     def clean(self):
-        username = self.cleaned_data.get("username")
-        address = auth_throttle.client_address(self.request)
-        wait = auth_throttle.wait_s(username, address)
-        if wait is not None:
+        attempt, wait = auth_throttle.reserve(self.cleaned_data.get("username"),
+                                              auth_throttle.client_address(self.request))
+        if attempt is None:
             raise forms.ValidationError(f"{auth_throttle.MESSAGE} (in {wait} s)", code="throttled")
-        try:
-            return super().clean()
-        except forms.ValidationError:
-            auth_throttle.record_failure(username, address)
-            raise
+        cleaned = super().clean()  # a failure raises: it stays counted
+        attempt.succeeded()
+        return cleaned
 
 
 admin.site.login_form = ThrottledAdminAuthenticationForm

@@ -7,9 +7,12 @@ Redis in production so every web process sees the same counts), in fixed windows
 ``LLMGW_AUTH_FAILURE_LIMIT`` (5) failures in the current window, every further attempt of
 it is refused with 429 and ``Retry-After`` until the window ends — a correct password
 too: otherwise the limit would not stop guessing, only slow the reporting of a hit. Only
-failures count; a success neither counts nor resets. The price is that someone who knows
-a username can keep it locked out of password logins for as long as they keep failing
-(tokens already issued and session logins keep working).
+failures count; a success neither counts nor resets. An attempt is counted when it
+starts, before its password is checked, and a success takes its count back
+(:func:`reserve`): guesses sent at once count as they arrive, not after the slow password
+hash. The price is that someone who knows a username can keep it locked out of password
+logins for as long as they keep failing (tokens already issued and session logins keep
+working).
 """
 
 from __future__ import annotations
@@ -93,31 +96,57 @@ def _bucket() -> tuple[int, float]:
 MESSAGE = "Too many failed logins for this user or address; try again later."
 
 
-def wait_s(username, address: str) -> int | None:
-    """Seconds until ``username`` and ``address`` may try again (None: they may now)."""
-    bucket, left_s = _bucket()
-    counts = cache.get_many(_keys(username, address, bucket))
-    if any(int(n) >= _limit() for n in counts.values()):
-        return max(1, math.ceil(left_s))
-    return None
+def _incr(key: str, timeout: int) -> int:
+    cache.add(key, 0, timeout=timeout)
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # expired between add and incr: start it again
+        cache.set(key, 1, timeout=timeout)
+        return 1
 
 
-def check(username, address: str) -> None:
-    """Raise DRF's ``Throttled`` (429, ``Retry-After`` in whole seconds) when ``username``
-    or ``address`` already failed ``LLMGW_AUTH_FAILURE_LIMIT`` times in this window."""
-    wait = wait_s(username, address)
-    if wait is not None:
-        raise Throttled(wait=wait, detail=MESSAGE)
-
-
-def record_failure(username, address: str) -> None:
-    """Count one failed login for ``username`` (if given) and ``address``; atomic in the
-    cache (``add`` then ``incr``), so concurrent web processes do not lose counts."""
-    bucket, _ = _bucket()
-    timeout = int(math.ceil(_window_s())) * 2
-    for key in _keys(username, address, bucket):
-        cache.add(key, 0, timeout=timeout)
+def _decr(keys: list[str]) -> None:
+    for key in keys:
         try:
-            cache.incr(key)
-        except ValueError:  # expired between add and incr: start it again
-            cache.set(key, 1, timeout=timeout)
+            cache.decr(key)
+        except ValueError:  # the window's counter is gone already
+            pass
+
+
+class Attempt:
+    """One login attempt, counted before its password is checked (see :func:`reserve`)."""
+
+    def __init__(self, keys: list[str]):
+        self._keys = keys
+
+    def succeeded(self) -> None:
+        """The password was right: the attempt is not a failure, it stops counting."""
+        keys, self._keys = self._keys, []
+        _decr(keys)
+
+
+def reserve(username, address: str) -> tuple[Attempt | None, int | None]:
+    """Count a login attempt of ``username`` from ``address`` *before* its password is
+    checked, atomically in the cache (``add`` then ``incr``), so guesses sent at once
+    cannot all pass a check made before any of them failed; a success takes its count
+    back (:meth:`Attempt.succeeded`), a failure leaves it. Returns ``(attempt, None)``,
+    or ``(None, seconds to wait)`` when the username or the address already has
+    ``LLMGW_AUTH_FAILURE_LIMIT`` attempts counted in this window (this one is not
+    counted then)."""
+    bucket, left_s = _bucket()
+    timeout = int(math.ceil(_window_s())) * 2
+    keys = _keys(username, address, bucket)
+    counts = [_incr(key, timeout) for key in keys]
+    if any(n > _limit() for n in counts):
+        _decr(keys)
+        return None, max(1, math.ceil(left_s))
+    return Attempt(keys), None
+
+
+def attempt(username, address: str) -> Attempt:
+    """:func:`reserve` for the REST API: DRF's ``Throttled`` (429, ``Retry-After`` in
+    whole seconds) when refused."""
+    found, wait = reserve(username, address)
+    if found is None:
+        raise Throttled(wait=wait, detail=MESSAGE)
+    return found

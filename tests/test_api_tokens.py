@@ -154,6 +154,47 @@ def test_usernames_are_counted_whatever_their_case(ops, clock):
     assert get_token(REMOTE_ADDR="10.1.1.1").status_code == 429
 
 
+@pytest.mark.parametrize("how", ["token", "basic"])
+def test_guesses_in_flight_at_once_count_before_their_passwords_are_checked(ops, clock, monkeypatch, how):
+    """Checking the count, then checking the password, then counting the failure would let
+    every guess sent at once (each one waiting on the slow password hash) through the
+    check: a burst of 12 would be 12 guesses. At most the limit reach a password check."""
+    import threading
+    import time
+
+    from django.contrib.auth.backends import ModelBackend
+
+    entered, release = [], threading.Event()
+
+    def slow_wrong_password(self, request, username=None, password=None, **kwargs):
+        entered.append(username)
+        release.wait(5)
+        return None  # a wrong password
+
+    monkeypatch.setattr(ModelBackend, "authenticate", slow_wrong_password)
+    answers = []
+
+    def guess(n):
+        if how == "token":
+            answers.append(get_token(f"guess{n}", REMOTE_ADDR="192.0.2.50").status_code)
+        else:
+            client = APIClient(REMOTE_ADDR="192.0.2.50")
+            client.credentials(HTTP_AUTHORIZATION=basic("ops", f"guess{n}"))
+            answers.append(client.get("/api/cluster/").status_code)
+
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(entered) + len(answers) < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(entered) <= 5, f"{len(entered)} guesses reached the password check"
+    assert sorted(answers).count(429) >= 7
+
+
 def test_a_number_for_a_username_is_counted_as_that_username(django_user_model, clock):
     """The serializer takes a JSON number as a username: it must not dodge the per-user count."""
     django_user_model.objects.create_user("12345", password="right-horse-battery", is_staff=True)
