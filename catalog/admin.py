@@ -87,7 +87,28 @@ class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         return super().has_add_permission(request) and engine_code.allowed(request.user)
 
 
-class WeightsGuardForm(forms.ModelForm):
+class CatalogModelForm(forms.ModelForm):
+    """A catalog model's admin form. The external API key is written, never shown (as in
+    the REST API, where it is write-only): the field is empty, left empty it keeps the
+    stored key, and "remove" clears it."""
+
+    external_api_key = forms.CharField(
+        required=False, max_length=500, strip=True, widget=forms.PasswordInput(render_value=False),
+        help_text="Written, never shown: leave empty to keep the stored key.")
+    remove_external_api_key = forms.BooleanField(required=False, label="Remove the stored external API key")
+
+    def clean_external_api_key(self):
+        value = self.cleaned_data.get("external_api_key", "")
+        return value or (self.instance.external_api_key if self.instance.pk else "")
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("remove_external_api_key"):
+            cleaned["external_api_key"] = ""
+        return cleaned
+
+
+class WeightsGuardForm(CatalogModelForm):
     """A model's form for users without the engine-code permission: ``pypi:`` and
     ``file:`` weights are refused with the reason (other sources are fine)."""
 
@@ -115,8 +136,22 @@ class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
         ("Requests", {"fields": ("default_max_tokens",)}),
-        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key"), "classes": ("collapse",)}),
+        ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "remove_external_api_key"),
+                                         "classes": ("collapse",)}),
     )
+
+    def get_fieldsets(self, request, obj=None):
+        """Users who may only view a model see whether an external key is stored, not the key."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_change_permission(request, obj) or (obj is None and self.has_add_permission(request)):
+            return fieldsets
+        return [(name, {**opts, "fields": tuple("external_api_key_state" if f == "external_api_key" else f
+                                                 for f in opts["fields"] if f != "remove_external_api_key")})
+                for name, opts in fieldsets]
+
+    @admin.display(description="external API key")
+    def external_api_key_state(self, obj: Model) -> str:
+        return "stored (never shown)" if obj is not None and obj.external_api_key else "none"
 
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))
@@ -125,8 +160,7 @@ class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         return fields
 
     def get_form(self, request, obj=None, change=False, **kwargs):
-        if not engine_code.allowed(request.user):
-            kwargs["form"] = WeightsGuardForm
+        kwargs["form"] = CatalogModelForm if engine_code.allowed(request.user) else WeightsGuardForm
         return super().get_form(request, obj, change=change, **kwargs)
 
     @admin.display(description="served")

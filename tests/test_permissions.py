@@ -640,3 +640,26 @@ def test_the_model_admin_records_weights_set_to_pypi_by_a_user_with_the_permissi
     [line] = audit_lines(caplog)
     assert "weights: 'file:/dev/null' → 'pypi:good-pkg'" in line and "via the admin" in line
     assert "Engine code changed by coder" in client.get(f"/admin/catalog/model/{lazy.pk}/history/").content.decode()
+
+
+def test_the_model_admin_never_shows_the_external_api_key_as_the_api_never_does(client, django_user_model, world):
+    """The REST API writes the key and never reads it back; the admin showed it in clear to
+    anyone who may view a model (and in the editors' input)."""
+    lazy = world["model"]
+    Model.objects.filter(pk=lazy.pk).update(external_api_key="sk-upstream-secret")
+    logged_in(client, django_user_model, "viewer", ["catalog.view_model"])
+    page = client.get(f"/admin/catalog/model/{lazy.pk}/change/").content.decode()
+    assert "sk-upstream-secret" not in page and "stored (never shown)" in page
+    assert "sk-upstream-secret" not in api_client("viewer").get(f"/api/models/{lazy.pk}/").content.decode()
+    client.logout()
+    logged_in(client, django_user_model, "editor", ["catalog.view_model", "catalog.change_model"])
+    assert "sk-upstream-secret" not in client.get(f"/admin/catalog/model/{lazy.pk}/change/").content.decode()
+    lazy.refresh_from_db()
+    # Saved with the key left empty: the stored key stays; a new one replaces it; "remove" clears it.
+    post = admin_model_post(lazy, external_api_key="", max_replicas=3)
+    assert client.post(f"/admin/catalog/model/{lazy.pk}/change/", post).status_code == 302
+    assert Model.objects.values_list("external_api_key", "max_replicas").get(pk=lazy.pk) == ("sk-upstream-secret", 3)
+    client.post(f"/admin/catalog/model/{lazy.pk}/change/", {**post, "external_api_key": "sk-new"})
+    assert Model.objects.get(pk=lazy.pk).external_api_key == "sk-new"
+    client.post(f"/admin/catalog/model/{lazy.pk}/change/", {**post, "remove_external_api_key": "on"})
+    assert Model.objects.get(pk=lazy.pk).external_api_key == ""
