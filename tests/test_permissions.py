@@ -663,3 +663,21 @@ def test_the_model_admin_never_shows_the_external_api_key_as_the_api_never_does(
     assert Model.objects.get(pk=lazy.pk).external_api_key == "sk-new"
     client.post(f"/admin/catalog/model/{lazy.pk}/change/", {**post, "remove_external_api_key": "on"})
     assert Model.objects.get(pk=lazy.pk).external_api_key == ""
+
+
+def test_secrets_in_a_command_or_in_urls_of_env_values_are_not_recorded_in_clear(world, django_user_model, caplog):
+    """Variables named like secrets were masked; a password in a URL under any name, or an
+    ``--api-key`` on the command line, went into the history and the log in clear."""
+    make_user(django_user_model, "coder", ["catalog.change_profile", ENGINE])
+    spare = world["spare"]
+    caplog.set_level(logging.INFO, logger="llmgw.audit")
+    body = {"command": "serve --api-key sk-cmd-secret --hf-token=hf_cmd_secret --port {port}",
+            "env": {"DATABASE_URL": "postgres://app:db-secret-pw@db/x", "HF_TOKEN": "hf_env_secret", "A": "1"}}
+    assert api_client("coder").patch(f"/api/profiles/{spare.pk}/", body, format="json").status_code == 200
+    [line] = audit_lines(caplog)
+    entry = LogEntry.objects.get(object_id=str(spare.pk), change_message__startswith="Engine code")
+    for text in (line, entry.change_message):
+        for secret in ("sk-cmd-secret", "hf_cmd_secret", "db-secret-pw", "hf_env_secret"):
+            assert secret not in text, secret
+        assert "--api-key sha256:" in text and "--hf-token=sha256:" in text and "--port {port}" in text
+        assert "postgres://app:sha256:" in text and '"A": "1"' in text
