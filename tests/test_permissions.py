@@ -532,7 +532,7 @@ def test_an_engine_code_change_through_the_api_is_recorded_with_who_when_and_bef
     assert entry.user == user
     assert "coder" in message and "via the REST API" in message and " UTC" in message
     assert f"command: {old_command!r} → " in message and "--v2" in message
-    assert 'env: {} → {"HF_TOKEN": "sha256:' in message and '"OMP_NUM_THREADS": "2"' in message
+    assert 'env: {} → {"HF_TOKEN": "hmac-sha256:' in message and '"OMP_NUM_THREADS": "2"' in message
     assert "hf_very_secret" not in message
     assert audit_lines(caplog) == [message]
 
@@ -679,5 +679,21 @@ def test_secrets_in_a_command_or_in_urls_of_env_values_are_not_recorded_in_clear
     for text in (line, entry.change_message):
         for secret in ("sk-cmd-secret", "hf_cmd_secret", "db-secret-pw", "hf_env_secret"):
             assert secret not in text, secret
-        assert "--api-key sha256:" in text and "--hf-token=sha256:" in text and "--port {port}" in text
-        assert "postgres://app:sha256:" in text and '"A": "1"' in text
+        assert "--api-key hmac-sha256:" in text and "--hf-token=hmac-sha256:" in text and "--port {port}" in text
+        assert "postgres://app:hmac-sha256:" in text and '"A": "1"' in text
+
+
+def test_a_short_secret_is_not_found_again_from_its_fingerprint(world, django_user_model, caplog):
+    """A plain SHA-256 of "abc" is one look-up away: the record's fingerprint is keyed."""
+    import hashlib
+
+    make_user(django_user_model, "coder", ["catalog.change_profile", ENGINE])
+    caplog.set_level(logging.INFO, logger="llmgw.audit")
+    client = api_client("coder")
+    for value in ("abc", "abc", "abd"):
+        client.patch(f"/api/profiles/{world['spare'].pk}/", {"env": {"HF_TOKEN": value, "N": value}}, format="json")
+    [first, second] = audit_lines(caplog)  # the second "abc" changed nothing
+    assert hashlib.sha256(b"abc").hexdigest()[:12] not in first + second
+    fingerprint = first.split('"HF_TOKEN": "')[1].split('"')[0]
+    assert fingerprint.startswith("hmac-sha256:") and f'"HF_TOKEN": "{fingerprint}"' in second.split("→")[0]
+    assert fingerprint not in second.split("→")[1]
