@@ -111,8 +111,11 @@ class Profile(models.Model):
             errors.setdefault("cpu_cores", []).append(
                 "A CPU-only profile (0 GPUs) needs at least some CPU cores."
             )
-        if self.readiness_path and not self.readiness_path.startswith("/"):
-            errors.setdefault("readiness_path", []).append("Start the path with '/'.")
+        # Both are appended to http://127.0.0.1:PORT by every agent: not starting with "/",
+        # "@host/…" would send the agents to another host.
+        for name in ("readiness_path", "metrics_path"):
+            if getattr(self, name) and not getattr(self, name).startswith("/"):
+                errors.setdefault(name, []).append("Start the path with '/'.")
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in (self.env or {}).items()
         ):

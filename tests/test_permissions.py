@@ -697,3 +697,23 @@ def test_a_short_secret_is_not_found_again_from_its_fingerprint(world, django_us
     fingerprint = first.split('"HF_TOKEN": "')[1].split('"')[0]
     assert fingerprint.startswith("hmac-sha256:") and f'"HF_TOKEN": "{fingerprint}"' in second.split("→")[0]
     assert fingerprint not in second.split("→")[1]
+
+
+@pytest.mark.parametrize("field", ["metrics_path", "readiness_path"])
+def test_a_profile_path_cannot_send_every_agent_to_another_host(world, django_user_model, field):
+    """Every agent fetches http://127.0.0.1:PORT + the path; "@host/…" made that another host
+    (a request from every agent, for anyone who may change a profile, engine code or not)."""
+    import httpx
+
+    from fleet.agent.engines import local_url
+
+    make_user(django_user_model, "editor", ["catalog.change_profile"])
+    spare = world["spare"]
+    before = snapshot()
+    answer = api_client("editor").patch(f"/api/profiles/{spare.pk}/", {field: "@169.254.169.254/latest/meta-data"},
+                                        format="json")
+    assert answer.status_code == 400 and field in answer.json()
+    assert snapshot() == before
+    # A row stored before this rule still stays on the engine's own address.
+    assert httpx.URL(local_url(5001, "@169.254.169.254/latest/")).host == "127.0.0.1"
+    assert local_url(5001, "/metrics") == "http://127.0.0.1:5001/metrics"

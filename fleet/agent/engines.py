@@ -108,6 +108,12 @@ def reap_children() -> None:
             return
 
 
+def local_url(port: int, path: str) -> str:
+    """The engine's own URL for ``path`` (readiness, metrics): always on 127.0.0.1:PORT, a
+    path that does not start with "/" (``@host/…`` would name another host) made one."""
+    return f"http://127.0.0.1:{port}{path if path.startswith('/') else '/' + path}"
+
+
 def render_command(template: str, values: dict[str, object]) -> list[str]:
     """Split a command template like a shell would and fill each word's placeholders."""
     return [word.format(**values) for word in shlex.split(template)]
@@ -377,7 +383,7 @@ class EngineManager:
             if engine.spec.get("metrics_path") and time.monotonic() >= next_load:
                 next_load = time.monotonic() + self.config.load_poll_s
                 running, waiting = await read_load(
-                    self._http, f"http://127.0.0.1:{engine.port}{engine.spec['metrics_path']}",
+                    self._http, local_url(engine.port, engine.spec["metrics_path"]),
                     engine.spec.get("metric_running", ""), engine.spec.get("metric_waiting", ""),
                 )
                 if (running, waiting) != (engine.running, engine.waiting):
@@ -402,7 +408,7 @@ class EngineManager:
         ("no answer" when it accepted the connection but did not answer in time)."""
         if engine.port is None:
             return "no port"
-        url = f"http://127.0.0.1:{engine.port}{engine.spec.get('readiness_path') or '/'}"
+        url = local_url(engine.port, engine.spec.get("readiness_path") or "/")
         try:
             response = await self._http.get(url)
         except httpx.TimeoutException as exc:
