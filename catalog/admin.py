@@ -11,7 +11,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from catalog import engine_code, schedules
-from catalog.models import Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
+from catalog.models import KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
 from llmgw.permissions import Act, can
 
 
@@ -90,7 +90,8 @@ class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
 class CatalogModelForm(forms.ModelForm):
     """A catalog model's admin form. The external API key is written, never shown (as in
     the REST API, where it is write-only): the field is empty, left empty it keeps the
-    stored key, and "remove" clears it."""
+    stored key, and "remove" clears it. Changing the external base URL needs the key given
+    again (or removed): the stored key is never sent to a new address."""
 
     external_api_key = forms.CharField(
         required=False, max_length=500, strip=True, widget=forms.PasswordInput(render_value=False),
@@ -99,12 +100,16 @@ class CatalogModelForm(forms.ModelForm):
 
     def clean_external_api_key(self):
         value = self.cleaned_data.get("external_api_key", "")
+        self._key_given = bool(value)
         return value or (self.instance.external_api_key if self.instance.pk else "")
 
     def clean(self):
         cleaned = super().clean()
         if cleaned.get("remove_external_api_key"):
             cleaned["external_api_key"] = ""
+        elif (self.instance.pk and self.instance.external_api_key and not getattr(self, "_key_given", False)
+              and "external_base_url" in cleaned and cleaned["external_base_url"] != self.instance.external_base_url):
+            self.add_error("external_api_key", KEY_STAYS_WITH_ITS_URL)
         return cleaned
 
 

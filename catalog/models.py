@@ -32,6 +32,12 @@ def validate_model_name(value: str) -> None:
         )
 
 
+#: Changing a model's external base URL without giving its API key again: the gateway sends
+#: the stored key to that URL, so whoever may change the URL could collect the key there.
+KEY_STAYS_WITH_ITS_URL = ("The stored external API key is not sent to a new address: give it again with the new "
+                          "external base URL (or remove it).")
+
+
 class Profile(models.Model):
     """How to run an engine: its command template, the resources one replica needs, and how
     to tell it is ready and how loaded it is. See ``catalog.presets`` for the placeholders.

@@ -717,3 +717,29 @@ def test_a_profile_path_cannot_send_every_agent_to_another_host(world, django_us
     # A row stored before this rule still stays on the engine's own address.
     assert httpx.URL(local_url(5001, "@169.254.169.254/latest/")).host == "127.0.0.1"
     assert local_url(5001, "/metrics") == "http://127.0.0.1:5001/metrics"
+
+
+def test_the_stored_external_key_is_not_sent_to_a_new_url_without_being_given_again(client, django_user_model,
+                                                                                   world):
+    """The key is written, never read; pointing the model at one's own server would have had
+    the gateway send it there. Changing the URL needs the key again (or none)."""
+    remote = Model.objects.create(name="remote", external_base_url="https://upstream.example/v1",
+                                  external_api_key="sk-upstream-secret", min_replicas=0, max_replicas=0)
+    make_user(django_user_model, "editor", ["catalog.view_model", "catalog.change_model"])
+    api = api_client("editor")
+    before = snapshot()
+    answer = api.patch(f"/api/models/{remote.pk}/", {"external_base_url": "https://attacker.example/v1"},
+                       format="json")
+    assert answer.status_code == 400 and "external_api_key" in answer.json()
+    logged_in(client, django_user_model, "editor2", ["catalog.view_model", "catalog.change_model"])
+    answer = client.post(f"/admin/catalog/model/{remote.pk}/change/",
+                         admin_model_post(remote, external_base_url="https://attacker.example/v1", external_api_key=""))
+    assert answer.status_code == 200 and "not sent to a new address" in answer.content.decode()
+    assert snapshot() == before
+    # With the key given again (or removed), or the URL unchanged, it is an ordinary edit.
+    assert api.patch(f"/api/models/{remote.pk}/", {"max_replicas": 1}, format="json").status_code == 200
+    answer = api.patch(f"/api/models/{remote.pk}/", {"external_base_url": "https://new.example/v1",
+                                                     "external_api_key": "sk-new"}, format="json")
+    assert answer.status_code == 200
+    assert Model.objects.values_list("external_base_url", "external_api_key").get(pk=remote.pk) == (
+        "https://new.example/v1", "sk-new")
