@@ -743,3 +743,35 @@ def test_the_stored_external_key_is_not_sent_to_a_new_url_without_being_given_ag
     assert answer.status_code == 200
     assert Model.objects.values_list("external_base_url", "external_api_key").get(pk=remote.pk) == (
         "https://new.example/v1", "sk-new")
+
+
+def test_changing_a_key_cannot_revoke_it_nor_bring_an_expired_one_back(client, django_user_model, world):
+    """Setting an active key's expiry to now is revoking it, and clearing an expired key's
+    expiry is issuing one: with only the change permission, refused (API and admin)."""
+    key = world["key"]
+    expired, _ = ApiKey.create_key("old", expires_at=timezone.now() - datetime.timedelta(days=1))
+    make_user(django_user_model, "editor", ["gateway.view_apikey", "gateway.change_apikey"])
+    api = api_client("editor")
+    before = snapshot()
+    soon = (timezone.now() + datetime.timedelta(seconds=1)).isoformat()
+    for pk, expires_at in ((key.pk, timezone.now().isoformat()), (key.pk, soon), (expired.pk, None)):
+        answer = api.patch(f"/api/keys/{pk}/", {"expires_at": expires_at}, format="json")
+        assert answer.status_code == 403 and "gateway." in answer.json()["detail"], (pk, expires_at)
+    logged_in(client, django_user_model, "editor2", ["gateway.view_apikey", "gateway.change_apikey"])
+    answer = client.post(f"/admin/gateway/apikey/{key.pk}/change/", {
+        "name": key.name, "expires_at_0": "2020-01-01", "expires_at_1": "00:00:00"})
+    assert answer.status_code == 200 and "gateway.revoke_apikey" in answer.content.decode()
+    answer = client.post(f"/admin/gateway/apikey/{expired.pk}/change/", {"name": "old", "expires_at_0": "",
+                                                                          "expires_at_1": ""})
+    assert answer.status_code == 200 and "gateway.add_apikey" in answer.content.decode()
+    assert snapshot() == before
+    # Renaming, or giving an active key more time, is a change like any other.
+    dated, _ = ApiKey.create_key("dated", expires_at=timezone.now() + datetime.timedelta(days=1))
+    later = (timezone.now() + datetime.timedelta(days=30)).isoformat()
+    assert api.patch(f"/api/keys/{dated.pk}/", {"name": "dated-2", "expires_at": later},
+                     format="json").status_code == 200
+    assert api.patch(f"/api/keys/{key.pk}/", {"name": "ci-2"}, format="json").status_code == 200
+    # With the act's permission, it is allowed.
+    make_user(django_user_model, "revoker", ["gateway.change_apikey", perm(Act.REVOKE_KEY)])
+    assert api_client("revoker").patch(f"/api/keys/{key.pk}/", {"expires_at": timezone.now().isoformat()},
+                                       format="json").status_code == 200
