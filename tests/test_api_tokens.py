@@ -370,3 +370,26 @@ def test_the_ttl_setting_takes_days():
     from llmgw.env import parse_duration_s
 
     assert parse_duration_s("30d") == 30 * 86400 and parse_duration_s("12h") == 43200
+
+
+def test_a_new_password_ends_the_users_tokens_as_it_ends_their_sessions(ops, admin_client, django_user_model):
+    """A token taken with a stolen password kept working after the owner changed it."""
+    token = get_token().json()["token"]
+    other = django_user_model.objects.create_user("other", password="another-long-secret", is_staff=True)
+    other_token = ApiToken.issue(other)
+    assert with_token(token).get("/api/cluster/").status_code == 200
+    ops.set_password("a-brand-new-long-secret")
+    ops.save()
+    assert with_token(token).get("/api/cluster/").status_code == 401
+    assert not ApiToken.objects.filter(user=ops).exists()
+    assert ApiToken.objects.filter(user=other).count() == 1  # someone else's stay
+    # Through the admin's password form too.
+    answer = admin_client.post(f"/admin/auth/user/{other.pk}/password/",
+                               {"password1": "yet-another-long-secret", "password2": "yet-another-long-secret"})
+    assert answer.status_code == 302
+    assert with_token(other_token).get("/api/cluster/").status_code == 401
+    # Saving a user without a new password (a rename, a login) keeps their tokens.
+    token = get_token("a-brand-new-long-secret").json()["token"]
+    ops.first_name = "Ops"
+    ops.save()
+    assert with_token(token).get("/api/cluster/").status_code == 200
