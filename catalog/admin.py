@@ -11,7 +11,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from catalog import engine_code, schedules
-from catalog.models import Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
+from catalog.models import KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
 from llmgw.permissions import Act, can
 
 
@@ -143,11 +143,16 @@ class ModelAdminForm(forms.ModelForm):
 
     def clean(self) -> dict:
         data = super().clean()
+        typed = bool(self.data.get(self.add_prefix("external_api_key")))
         if data.get("clear_external_api_key"):
-            if self.data.get(self.add_prefix("external_api_key")):
+            if typed:
                 self.add_error("clear_external_api_key", "Either type a new key or clear the stored one, not both.")
             data["external_api_key"] = ""
             self.instance.external_api_key = ""
+        elif (self.instance.pk and self.instance.external_api_key and not typed
+              and "external_base_url" in data and data["external_base_url"] != self.instance.external_base_url):
+            # The stored key is never sent to a new address: give it again, or clear it.
+            self.add_error("external_api_key", KEY_STAYS_WITH_ITS_URL)
         return data
 
 
@@ -207,8 +212,7 @@ class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
         return fields
 
     def get_form(self, request, obj=None, change=False, **kwargs):
-        if not engine_code.allowed(request.user):
-            kwargs["form"] = WeightsGuardForm
+        kwargs["form"] = ModelAdminForm if engine_code.allowed(request.user) else WeightsGuardForm
         return super().get_form(request, obj, change=change, **kwargs)
 
     @admin.display(description="served")
@@ -291,7 +295,7 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
             "Start", lambda r: type(self).start_cluster(), False)
 
     def has_add_permission(self, request) -> bool:
-        return not ClusterSettings.objects.exists()
+        return super().has_add_permission(request) and not ClusterSettings.objects.exists()
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -10,12 +10,14 @@ old or the new value is ``pypi:``/``file:`` need ``Act.CHANGE_ENGINE_CODE``
 recorded by :func:`record`, which both surfaces call: a Django admin ``LogEntry`` on the
 object (its History page) and one line on the ``llmgw.audit`` logger, each saying who,
 when, and each field's value before → after (values of env variables whose names look like
-secrets are shown as a fingerprint, not in clear).
+secrets, passwords in URLs and the values of options such as ``--api-key`` are shown as a
+fingerprint, not in clear).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -33,6 +35,11 @@ audit_log = logging.getLogger("llmgw.audit")
 CODE_SCHEMES = ("pypi", "file")
 #: Env variable names whose values are kept out of the record.
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
+#: A password in a URL (``scheme://user:password@host``), whatever the variable's name.
+URL_PASSWORD = re.compile(r"(://[^/@\s:]*:)([^/@\s]+)(@)")
+#: A command-line option whose name looks like a secret, and its value (``--api-key X``, ``--hf-token=X``).
+SECRET_OPTION = re.compile(r"(--?[\w-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)[\w-]*)(=|\s+)((?!-)\S+)",
+                           re.IGNORECASE)
 
 DENIED = "{what} runs code on every agent: it needs the permission {perm}."
 
@@ -88,17 +95,42 @@ def allowed(user) -> bool:
 
 
 def _fingerprint(value: str) -> str:
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12]
+    """A secret as the record shows it: keyed with ``SECRET_KEY`` (HMAC-SHA256), so equal
+    values show equal and a change shows, but a short secret cannot be found again by
+    hashing guesses (or looking a plain SHA-256 up) from the log alone."""
+    from django.conf import settings
+
+    digest = hmac.new(settings.SECRET_KEY.encode(), value.encode(), hashlib.sha256).hexdigest()
+    return "hmac-sha256:" + digest[:12]
+
+
+#: A value that is only a command placeholder (``{api_key}``): filled by the agent, no secret.
+PLACEHOLDER = re.compile(r"\{\w+\}")
+
+
+def _secret_shown(value: str) -> str:
+    return value if PLACEHOLDER.fullmatch(value) else _fingerprint(value)
+
+
+def _masked_text(value: str) -> str:
+    """``value`` with URL passwords and the values of secret-looking options fingerprinted
+    (a placeholder such as ``{api_key}`` stays as it is: it is no secret)."""
+    value = URL_PASSWORD.sub(lambda m: m.group(1) + _fingerprint(m.group(2)) + m.group(3), value)
+    return SECRET_OPTION.sub(lambda m: m.group(1) + m.group(2) + _secret_shown(m.group(3)), value)
 
 
 def shown(field: str, value: Any) -> str:
-    """A value as the record shows it: JSON for env (secret-looking variables as a
-    fingerprint, so a change is visible without the secret), repr for strings."""
+    """A value as the record shows it: JSON for env, repr for strings; secrets (values of
+    env variables whose names look like secrets, passwords in URLs, values of options
+    such as ``--api-key``) as a fingerprint, so a change is visible without the secret."""
     if value is None:
         return "(none)"
     if field == "env" and isinstance(value, dict):
-        masked = {k: (_fingerprint(str(v)) if SECRET_NAME.search(str(k)) else v) for k, v in value.items()}
+        masked = {k: (_secret_shown(str(v)) if SECRET_NAME.search(str(k)) else _masked_text(str(v)))
+                  for k, v in value.items()}
         return json.dumps(masked, sort_keys=True, ensure_ascii=False)
+    if isinstance(value, str):
+        return repr(_masked_text(value))
     return repr(value)
 
 

@@ -39,6 +39,12 @@ def validate_model_name(value: str) -> None:
         )
 
 
+#: Changing a model's external base URL without giving its API key again: the gateway sends
+#: the stored key to that URL, so whoever may change the URL could collect the key there.
+KEY_STAYS_WITH_ITS_URL = ("The stored external API key is not sent to a new address: give it again with the new "
+                          "external base URL (or remove it).")
+
+
 class Profile(models.Model):
     """How to run an engine: its command template, the resources one replica needs, and how
     to tell it is ready and how loaded it is. See ``catalog.presets`` for the placeholders.
@@ -128,8 +134,11 @@ class Profile(models.Model):
             errors.setdefault("cpu_cores", []).append(
                 "A CPU-only profile (0 GPUs) needs at least some CPU cores."
             )
-        if self.readiness_path and not self.readiness_path.startswith("/"):
-            errors.setdefault("readiness_path", []).append("Start the path with '/'.")
+        # Both are appended to http://127.0.0.1:PORT by every agent: not starting with "/",
+        # "@host/…" would send the agents to another host.
+        for name in ("readiness_path", "metrics_path"):
+            if getattr(self, name) and not getattr(self, name).startswith("/"):
+                errors.setdefault(name, []).append("Start the path with '/'.")
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in (self.env or {}).items()
         ):

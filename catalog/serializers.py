@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from catalog.models import Model, Profile, ScheduleWindow
+from catalog.models import KEY_STAYS_WITH_ITS_URL, Model, Profile, ScheduleWindow
 
 
 class FullCleanMixin:
@@ -54,7 +54,8 @@ class ProfileSerializer(FullCleanMixin, serializers.ModelSerializer):
 
 class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
     """A catalog model. ``external_api_key`` is write-only (``external_api_key_set`` says
-    whether one is stored); ``desired`` and ``reason`` are the last reconcile pass's word."""
+    whether one is stored), and changing ``external_base_url`` needs it given again (or
+    empty); ``desired`` and ``reason`` are the last reconcile pass's word."""
 
     external_api_key = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500)
     external_api_key_set = serializers.SerializerMethodField()
@@ -68,6 +69,14 @@ class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
                   "endpoints", "external_forward_org_headers",
                   "desired", "reason", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs: dict) -> dict:
+        # Written, never read: nor sent to a new address by whoever may change the URL.
+        inst = self.instance
+        if (inst is not None and inst.external_api_key and "external_api_key" not in attrs
+                and "external_base_url" in attrs and attrs["external_base_url"] != inst.external_base_url):
+            raise serializers.ValidationError({"external_api_key": [KEY_STAYS_WITH_ITS_URL]})
+        return super().validate(attrs)
 
     def get_external_api_key_set(self, obj: Model) -> bool:
         return bool(obj.external_api_key)

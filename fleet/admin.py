@@ -1,11 +1,34 @@
 """The fleet's admin. Acts (cordon, drain, registering an agent, revoking a REST API
 token) need the permissions of ``llmgw.permissions``, the same as the dashboard and the
-REST API ask for."""
+REST API ask for. The admin's login page counts failed logins with the REST API's
+(``fleet.auth_throttle``)."""
 
+from django import forms
 from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 
+from fleet import auth_throttle
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
 from llmgw.permissions import Act, can
+
+
+class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
+    """The admin's login form, with failed logins counted per username and per address
+    in the counters the token endpoint and HTTP basic use: past the limit every attempt is
+    refused until the window ends, a correct password too (otherwise this page would be
+    the way around the REST API's throttle)."""
+
+    def clean(self):
+        attempt, wait = auth_throttle.reserve(self.cleaned_data.get("username"),
+                                              auth_throttle.client_address(self.request))
+        if attempt is None:
+            raise forms.ValidationError(f"{auth_throttle.MESSAGE} (in {wait} s)", code="throttled")
+        cleaned = super().clean()  # a failure raises: it stays counted
+        attempt.succeeded()
+        return cleaned
+
+
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
 class GpuInline(admin.TabularInline):

@@ -222,11 +222,9 @@ class ObtainToken(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 429: OpenApiTypes.OBJECT})
     def post(self, request):
         username = request.data.get("username") if hasattr(request.data, "get") else None
-        username = username if isinstance(username, str) else None
-        address = auth_throttle.client_address(request)
-        auth_throttle.check(username, address)
+        attempt = auth_throttle.attempt(username, auth_throttle.client_address(request))
         serializer = AuthTokenSerializer(data=request.data, context={"request": request})
         if not serializer.is_valid():
-            auth_throttle.record_failure(username, address)
-            raise ValidationError(serializer.errors)
+            raise ValidationError(serializer.errors)  # a failure: it stays counted
+        attempt.succeeded()
         return Response({"token": ApiToken.issue(serializer.validated_data["user"])})

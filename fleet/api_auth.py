@@ -15,16 +15,15 @@ from fleet.models import ApiToken
 class ThrottledBasicAuthentication(BasicAuthentication):
     """DRF's HTTP basic, refused with 429 (``Retry-After``) once the username or the
     client's address has too many failed attempts in the current window; each wrong
-    password (or unknown user) counts one failure for both."""
+    password (or unknown user) counts one failure for both, counted before the password is
+    checked (``auth_throttle.reserve``): more basic requests *at once* from one address than
+    the limit are refused too, right passwords included (scripts: use a token)."""
 
     def authenticate_credentials(self, userid, password, request=None):
-        address = auth_throttle.client_address(request)
-        auth_throttle.check(userid, address)
-        try:
-            return super().authenticate_credentials(userid, password, request)
-        except exceptions.AuthenticationFailed:
-            auth_throttle.record_failure(userid, address)
-            raise
+        attempt = auth_throttle.attempt(userid, auth_throttle.client_address(request))
+        answer = super().authenticate_credentials(userid, password, request)  # a failure raises: it stays counted
+        attempt.succeeded()
+        return answer
 
 
 class HashedTokenAuthentication(BaseAuthentication):

@@ -7,7 +7,8 @@ answer GET with a confirmation page and act on POST; cordon, uncordon and want a
 at once. Every action redirects back to the dashboard with a message.
 
 Each action needs the permission of its act (``llmgw.permissions``), the same as the admin
-and the REST API; the page shows only the buttons the user may use.
+and the REST API; the page itself needs the one ``GET /api/cluster/`` needs (it shows the
+same cluster) and shows only the buttons the user may use.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def _render_live(request: HttpRequest, context: dict) -> tuple[str, str]:
 
 
 def dashboard(request: HttpRequest) -> HttpResponse:
+    """The page: the cluster's status (``Act.VIEW_CLUSTER``, as ``GET /api/cluster/``)."""
+    _require(request, Act.VIEW_CLUSTER)
     context = _context(request, title="Cluster dashboard")
     context["live_html"], context["live_digest"] = _render_live(request, context)
     return TemplateResponse(request, "llmgw/dashboard.html", context)
@@ -72,7 +75,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 def live(request: HttpRequest) -> HttpResponse:
     """The part of the page that refreshes itself (fetched every few seconds); its digest
-    is in the ``X-Dashboard-Digest`` header."""
+    is in the ``X-Dashboard-Digest`` header. Needs ``Act.VIEW_CLUSTER``, like the page."""
+    _require(request, Act.VIEW_CLUSTER)
     html, digest = _render_live(request, _context(request))
     return HttpResponse(html, headers={"X-Dashboard-Digest": digest})
 

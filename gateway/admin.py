@@ -1,9 +1,11 @@
 from datetime import timedelta
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from gateway.api import expiry_denial
 from gateway.models import ApiKey, UsageRecord
 from llmgw.permissions import Act, can
 
@@ -22,6 +24,23 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return can(request.user, Act.CREATE_KEY)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        user = request.user
+
+        class ExpiryGuardForm(form):
+            """An expiry moved earlier is a revocation, an expired key made valid again an issue."""
+
+            def clean_expires_at(self):
+                value = self.cleaned_data.get("expires_at")
+                if self.instance.pk:
+                    act = ApiKey.objects.get(pk=self.instance.pk).expiry_act(value)
+                    if act is not None and not can(user, act):
+                        raise forms.ValidationError(expiry_denial(act))
+                return value
+
+        return ExpiryGuardForm
 
     def has_revoke_permission(self, request) -> bool:
         return can(request.user, Act.REVOKE_KEY)

@@ -1,18 +1,27 @@
 """REST API for /v1/ keys: create (the clear key is answered once), list, change, revoke.
 Keys are revoked, not deleted, so usage records keep naming them. Creating and revoking
 are acts with permissions of their own (``llmgw.permissions``); list and change need the
-model's view/change permission."""
+model's view/change permission, and a change of ``expires_at`` that revokes (earlier) or
+issues (an expired key valid again) needs that act's permission too."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from gateway.models import ApiKey
 from gateway.serializers import ApiKeyCreatedSerializer, ApiKeySerializer
-from llmgw.permissions import Act
+from llmgw.permissions import Act, can, permission_for
+
+
+def expiry_denial(act: Act) -> str:
+    """Why an expiry change is refused (the API's 403, the admin's field error)."""
+    what = "Moving a key's expiry earlier revokes it" if act == Act.REVOKE_KEY else \
+        "Making an expired key valid again issues a key"
+    return f"{what}: it needs the permission {permission_for(act)}."
 
 
 @extend_schema_view(create=extend_schema(responses={201: ApiKeyCreatedSerializer}))
@@ -29,6 +38,14 @@ class ApiKeyViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.R
                                        data.get("expires_at"))
         key.key = clear
         return Response(ApiKeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
+
+    def perform_update(self, serializer) -> None:
+        # An expiry moved earlier is a revocation, an expired key made valid again an issue.
+        if "expires_at" in serializer.validated_data:
+            act = serializer.instance.expiry_act(serializer.validated_data["expires_at"])
+            if act is not None and not can(self.request.user, act):
+                raise PermissionDenied(expiry_denial(act))
+        serializer.save()
 
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])

@@ -56,6 +56,21 @@ class ApiKey(models.Model):
             key.allowed_models.add(*models_)
         return key, clear
 
+    def expiry_act(self, expires_at: datetime | None, now: datetime | None = None):
+        """The act that setting this key's expiry to ``expires_at`` is, beyond changing a
+        key (``llmgw.permissions.Act``), or None: moving the expiry earlier (an active key
+        stops working then, or at once) is revoking it; making an expired key work again is
+        issuing one."""
+        from llmgw.permissions import Act
+
+        now = now or timezone.now()
+        old = self.expires_at
+        if old is not None and old <= now:
+            return Act.CREATE_KEY if (expires_at is None or expires_at > now) and self.revoked_at is None else None
+        if expires_at is not None and (old is None or expires_at < old):
+            return Act.REVOKE_KEY
+        return None
+
     def revoke(self) -> None:
         if self.revoked_at is None:
             self.revoked_at = timezone.now()

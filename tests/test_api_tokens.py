@@ -154,6 +154,77 @@ def test_usernames_are_counted_whatever_their_case(ops, clock):
     assert get_token(REMOTE_ADDR="10.1.1.1").status_code == 429
 
 
+@pytest.mark.parametrize("how", ["token", "basic"])
+def test_guesses_in_flight_at_once_count_before_their_passwords_are_checked(ops, clock, monkeypatch, how):
+    """Checking the count, then checking the password, then counting the failure would let
+    every guess sent at once (each one waiting on the slow password hash) through the
+    check: a burst of 12 would be 12 guesses. At most the limit reach a password check."""
+    import threading
+    import time
+
+    from django.contrib.auth.backends import ModelBackend
+
+    entered, release = [], threading.Event()
+
+    def slow_wrong_password(self, request, username=None, password=None, **kwargs):
+        entered.append(username)
+        release.wait(5)
+        return None  # a wrong password
+
+    monkeypatch.setattr(ModelBackend, "authenticate", slow_wrong_password)
+    answers = []
+
+    def guess(n):
+        if how == "token":
+            answers.append(get_token(f"guess{n}", REMOTE_ADDR="192.0.2.50").status_code)
+        else:
+            client = APIClient(REMOTE_ADDR="192.0.2.50")
+            client.credentials(HTTP_AUTHORIZATION=basic("ops", f"guess{n}"))
+            answers.append(client.get("/api/cluster/").status_code)
+
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(entered) + len(answers) < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(entered) <= 5, f"{len(entered)} guesses reached the password check"
+    assert sorted(answers).count(429) >= 7
+
+
+def test_a_number_for_a_username_is_counted_as_that_username(django_user_model, clock):
+    """The serializer takes a JSON number as a username: it must not dodge the per-user count."""
+    django_user_model.objects.create_user("12345", password="right-horse-battery", is_staff=True)
+    for n in range(5):
+        answer = APIClient().post("/api/auth/token/", {"username": 12345, "password": "guess"}, format="json",
+                                  REMOTE_ADDR=f"10.2.0.{n}")
+        assert answer.status_code == 400
+    for username in (12345, "12345"):
+        answer = APIClient().post("/api/auth/token/", {"username": username, "password": "right-horse-battery"},
+                                  format="json", REMOTE_ADDR="10.2.1.1")
+        assert answer.status_code == 429
+    assert not ApiToken.objects.exists()
+
+
+def test_an_ipv6_client_is_counted_by_its_slash_64(ops, clock):
+    """One host holds a whole /64: changing the last bits at every attempt is one address."""
+    for n in range(5):
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=f"2001:db8:1:2::{n + 1:x}").status_code == 400
+    assert get_token(REMOTE_ADDR="2001:db8:1:2:ffff::9").status_code == 429
+    assert get_token(REMOTE_ADDR="2001:db8:1:3::1").status_code == 200  # another /64
+
+
+def test_an_ipv4_mapped_ipv6_address_is_the_ipv4_address(ops, clock):
+    for n in range(5):
+        address = "::ffff:198.51.100.4" if n % 2 else "198.51.100.4"
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=address).status_code == 400
+    assert get_token(REMOTE_ADDR="198.51.100.4").status_code == 429
+    assert get_token(REMOTE_ADDR="::ffff:198.51.100.4").status_code == 429
+
+
 def test_a_malformed_token_request_is_a_400_not_a_500(clock):
     assert APIClient().post("/api/auth/token/", [1, 2], format="json").status_code == 400
     assert APIClient().post("/api/auth/token/", {"username": ["x"], "password": 5}, format="json").status_code == 400
@@ -188,6 +259,40 @@ def test_a_throttled_basic_login_changes_nothing(ops, clock):
     client.credentials(HTTP_AUTHORIZATION=basic("ops", "right-horse-battery"))
     assert client.post("/api/cluster/stop/").status_code == 429
     assert not ClusterSettings.get_solo().stopped
+
+
+# --- Throttling the admin's login page ----------------------------------------------------------
+
+
+def admin_login(username: str, password: str, **extra):
+    from django.test import Client
+
+    client = Client(**extra)
+    answer = client.post("/admin/login/", {"username": username, "password": password, "next": "/admin/"})
+    return answer, "_auth_user_id" in client.session
+
+
+def test_the_admin_login_page_is_throttled_with_the_api_counters(ops, clock):
+    """Otherwise guessing would go on at /admin/login/ while the API answers 429."""
+    answer, logged_in = admin_login("ops", "right-horse-battery")
+    assert answer.status_code == 302 and logged_in
+    for _ in range(5):
+        answer, logged_in = admin_login("ops", "guess")
+        assert answer.status_code == 200 and not logged_in
+    answer, logged_in = admin_login("ops", "right-horse-battery", REMOTE_ADDR="10.3.0.1")
+    assert not logged_in and "Too many failed logins" in answer.content.decode()
+    assert get_token(REMOTE_ADDR="10.3.0.2").status_code == 429  # the same counters
+    clock[0] += 61
+    assert admin_login("ops", "right-horse-battery")[1]
+
+
+def test_api_failures_throttle_the_admin_login_and_its_username_is_normalised(ops, clock):
+    """The admin's form reads a username as NFKC (fullwidth letters log in as ops): counted as ops."""
+    for n in range(5):
+        assert get_token("guess", REMOTE_ADDR=f"10.4.0.{n}").status_code == 400
+    for username in ("ops", " OPS ", "\uff4f\uff50\uff53"):
+        answer, logged_in = admin_login(username, "right-horse-battery", REMOTE_ADDR="10.4.1.1")
+        assert not logged_in, username
 
 
 # --- The admin's list of tokens ---------------------------------------------------------------------
@@ -265,3 +370,26 @@ def test_the_ttl_setting_takes_days():
     from llmgw.env import parse_duration_s
 
     assert parse_duration_s("30d") == 30 * 86400 and parse_duration_s("12h") == 43200
+
+
+def test_a_new_password_ends_the_users_tokens_as_it_ends_their_sessions(ops, admin_client, django_user_model):
+    """A token taken with a stolen password kept working after the owner changed it."""
+    token = get_token().json()["token"]
+    other = django_user_model.objects.create_user("other", password="another-long-secret", is_staff=True)
+    other_token = ApiToken.issue(other)
+    assert with_token(token).get("/api/cluster/").status_code == 200
+    ops.set_password("a-brand-new-long-secret")
+    ops.save()
+    assert with_token(token).get("/api/cluster/").status_code == 401
+    assert not ApiToken.objects.filter(user=ops).exists()
+    assert ApiToken.objects.filter(user=other).count() == 1  # someone else's stay
+    # Through the admin's password form too.
+    answer = admin_client.post(f"/admin/auth/user/{other.pk}/password/",
+                               {"password1": "yet-another-long-secret", "password2": "yet-another-long-secret"})
+    assert answer.status_code == 302
+    assert with_token(other_token).get("/api/cluster/").status_code == 401
+    # Saving a user without a new password (a rename, a login) keeps their tokens.
+    token = get_token("a-brand-new-long-secret").json()["token"]
+    ops.first_name = "Ops"
+    ops.save()
+    assert with_token(token).get("/api/cluster/").status_code == 200

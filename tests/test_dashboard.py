@@ -212,7 +212,10 @@ def test_want_and_evict_an_on_demand_model_from_the_dashboard(admin_client, busy
 
 
 def test_staff_without_permissions_see_no_buttons_and_cannot_act(client, django_user_model, busy):
-    django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    from django.contrib.auth.models import Permission
+
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_clustersettings"))  # the page's own
     client.login(username="viewer", password="pw")
     fragment = client.get("/admin/dashboard/live/").content.decode()
     assert "gpu-node-1" in fragment and "Cordon" not in fragment and "Stop the cluster" not in fragment

@@ -295,9 +295,27 @@ def test_the_dashboard_refuses_a_staff_member_without_permissions_and_shows_no_b
     assert snapshot() == before
 
 
+def test_the_dashboard_shows_the_cluster_only_with_the_permission_the_api_asks_for_it(client, django_user_model,
+                                                                                      world):
+    """The page and its fragment are GET /api/cluster/ and more (agents, models, replicas):
+    a staff member without that permission sees none of it."""
+    logged_in(client, django_user_model, "nobody")
+    assert api_client("nobody").get("/api/cluster/").status_code == 403
+    for url in ("/admin/dashboard/", "/admin/dashboard/live/"):
+        answer = client.get(url)
+        assert answer.status_code == 403, url
+        assert world["agent"].name not in answer.content.decode()
+    client.logout()
+    logged_in(client, django_user_model, "viewer", [perm(Act.VIEW_CLUSTER)])
+    assert api_client("viewer").get("/api/cluster/").status_code == 200
+    for url in ("/admin/dashboard/", "/admin/dashboard/live/"):
+        answer = client.get(url)
+        assert answer.status_code == 200 and world["agent"].name in answer.content.decode(), url
+
+
 def test_the_permissions_the_dashboard_once_asked_for_no_longer_allow_its_acts(client, django_user_model, world):
-    logged_in(client, django_user_model, "old", ["fleet.change_agent", "catalog.change_clustersettings",
-                                                 "catalog.change_model"])
+    logged_in(client, django_user_model, "old", [perm(Act.VIEW_CLUSTER), "fleet.change_agent",
+                                                 "catalog.change_clustersettings", "catalog.change_model"])
     fragment = client.get("/admin/dashboard/live/").content.decode()
     assert "Cordon" not in fragment and "Stop the cluster" not in fragment and "Evict" not in fragment
     before = snapshot()
@@ -316,7 +334,7 @@ def test_the_permissions_the_dashboard_once_asked_for_no_longer_allow_its_acts(c
 ])
 def test_the_dashboard_shows_exactly_the_buttons_the_user_may_use(client, django_user_model, world, act, button,
                                                                   absent):
-    logged_in(client, django_user_model, "one", [perm(act)])
+    logged_in(client, django_user_model, "one", [perm(Act.VIEW_CLUSTER), perm(act)])
     fragment = client.get("/admin/dashboard/live/").content.decode()
     assert button in fragment
     for other in absent:
@@ -387,6 +405,22 @@ def test_the_agent_admin_cordons_drains_and_registers_with_the_acts_permissions(
     answer = client.post("/admin/fleet/agent/", {"action": "rekey", "_selected_action": [agent.pk]})
     rekeyed = answer.content.decode().split('<code class="shown-once">')[1].split("</code>")[0]
     assert Agent.authenticate(rekeyed).name == agent.name
+
+
+def test_the_cluster_settings_admin_adds_the_missing_singleton_only_with_the_add_permission(client,
+                                                                                           django_user_model):
+    """Before the singleton exists, adding it (time zone, scaling timers) is Django's
+    add permission like any model's, not open to every staff member."""
+    ClusterSettings.objects.all().delete()
+    logged_in(client, django_user_model, "nobody")
+    assert client.get("/admin/catalog/clustersettings/add/").status_code == 403
+    answer = client.post("/admin/catalog/clustersettings/add/", {"time_zone": "Asia/Tokyo",
+                                                                "default_idle_timeout_s": 1})
+    assert answer.status_code == 403
+    assert not ClusterSettings.objects.exists()
+    client.logout()
+    logged_in(client, django_user_model, "adder", ["catalog.add_clustersettings"])
+    assert client.get("/admin/catalog/clustersettings/add/").status_code == 200
 
 
 def test_the_cluster_admin_refuses_stop_and_start_without_their_permissions(client, django_user_model, world):
@@ -502,7 +536,7 @@ def test_an_engine_code_change_through_the_api_is_recorded_with_who_when_and_bef
     assert entry.user == user
     assert "coder" in message and "via the REST API" in message and " UTC" in message
     assert f"command: {old_command!r} → " in message and "--v2" in message
-    assert 'env: {} → {"HF_TOKEN": "sha256:' in message and '"OMP_NUM_THREADS": "2"' in message
+    assert 'env: {} → {"HF_TOKEN": "hmac-sha256:' in message and '"OMP_NUM_THREADS": "2"' in message
     assert "hf_very_secret" not in message
     assert audit_lines(caplog) == [message]
 
@@ -610,3 +644,138 @@ def test_the_model_admin_records_weights_set_to_pypi_by_a_user_with_the_permissi
     [line] = audit_lines(caplog)
     assert "weights: 'file:/dev/null' → 'pypi:good-pkg'" in line and "via the admin" in line
     assert "Engine code changed by coder" in client.get(f"/admin/catalog/model/{lazy.pk}/history/").content.decode()
+
+
+def test_the_model_admin_never_shows_the_external_api_key_as_the_api_never_does(client, django_user_model, world):
+    """The REST API writes the key and never reads it back; the admin showed it in clear to
+    anyone who may view a model (and in the editors' input)."""
+    lazy = world["model"]
+    Model.objects.filter(pk=lazy.pk).update(external_api_key="sk-upstream-secret")
+    logged_in(client, django_user_model, "viewer", ["catalog.view_model"])
+    page = client.get(f"/admin/catalog/model/{lazy.pk}/change/").content.decode()
+    assert "sk-upstream-secret" not in page and "not set" not in page and ">set<" in page.replace(" ", "")
+    assert "sk-upstream-secret" not in api_client("viewer").get(f"/api/models/{lazy.pk}/").content.decode()
+    client.logout()
+    logged_in(client, django_user_model, "editor", ["catalog.view_model", "catalog.change_model"])
+    assert "sk-upstream-secret" not in client.get(f"/admin/catalog/model/{lazy.pk}/change/").content.decode()
+    lazy.refresh_from_db()
+    # Saved with the key left empty: the stored key stays; a new one replaces it; "remove" clears it.
+    post = admin_model_post(lazy, external_api_key="", max_replicas=3)
+    assert client.post(f"/admin/catalog/model/{lazy.pk}/change/", post).status_code == 302
+    assert Model.objects.values_list("external_api_key", "max_replicas").get(pk=lazy.pk) == ("sk-upstream-secret", 3)
+    client.post(f"/admin/catalog/model/{lazy.pk}/change/", {**post, "external_api_key": "sk-new"})
+    assert Model.objects.get(pk=lazy.pk).external_api_key == "sk-new"
+    client.post(f"/admin/catalog/model/{lazy.pk}/change/", {**post, "clear_external_api_key": "on"})
+    assert Model.objects.get(pk=lazy.pk).external_api_key == ""
+
+
+def test_secrets_in_a_command_or_in_urls_of_env_values_are_not_recorded_in_clear(world, django_user_model, caplog):
+    """Variables named like secrets were masked; a password in a URL under any name, or an
+    ``--api-key`` on the command line, went into the history and the log in clear."""
+    make_user(django_user_model, "coder", ["catalog.change_profile", ENGINE])
+    spare = world["spare"]
+    caplog.set_level(logging.INFO, logger="llmgw.audit")
+    body = {"command": "serve --api-key sk-cmd-secret --hf-token=hf_cmd_secret --port {port}",
+            "env": {"DATABASE_URL": "postgres://app:db-secret-pw@db/x", "HF_TOKEN": "hf_env_secret", "A": "1"}}
+    assert api_client("coder").patch(f"/api/profiles/{spare.pk}/", body, format="json").status_code == 200
+    [line] = audit_lines(caplog)
+    entry = LogEntry.objects.get(object_id=str(spare.pk), change_message__startswith="Engine code")
+    for text in (line, entry.change_message):
+        for secret in ("sk-cmd-secret", "hf_cmd_secret", "db-secret-pw", "hf_env_secret"):
+            assert secret not in text, secret
+        assert "--api-key hmac-sha256:" in text and "--hf-token=hmac-sha256:" in text and "--port {port}" in text
+        assert "postgres://app:hmac-sha256:" in text and '"A": "1"' in text
+
+
+def test_a_short_secret_is_not_found_again_from_its_fingerprint(world, django_user_model, caplog):
+    """A plain SHA-256 of "abc" is one look-up away: the record's fingerprint is keyed."""
+    import hashlib
+
+    make_user(django_user_model, "coder", ["catalog.change_profile", ENGINE])
+    caplog.set_level(logging.INFO, logger="llmgw.audit")
+    client = api_client("coder")
+    for value in ("abc", "abc", "abd"):
+        client.patch(f"/api/profiles/{world['spare'].pk}/", {"env": {"HF_TOKEN": value, "N": value}}, format="json")
+    [first, second] = audit_lines(caplog)  # the second "abc" changed nothing
+    assert hashlib.sha256(b"abc").hexdigest()[:12] not in first + second
+    fingerprint = first.split('"HF_TOKEN": "')[1].split('"')[0]
+    assert fingerprint.startswith("hmac-sha256:") and f'"HF_TOKEN": "{fingerprint}"' in second.split("→")[0]
+    assert fingerprint not in second.split("→")[1]
+
+
+@pytest.mark.parametrize("field", ["metrics_path", "readiness_path"])
+def test_a_profile_path_cannot_send_every_agent_to_another_host(world, django_user_model, field):
+    """Every agent fetches http://127.0.0.1:PORT + the path; "@host/…" made that another host
+    (a request from every agent, for anyone who may change a profile, engine code or not)."""
+    import httpx
+
+    from fleet.agent.engines import url_path
+
+    make_user(django_user_model, "editor", ["catalog.change_profile"])
+    spare = world["spare"]
+    before = snapshot()
+    answer = api_client("editor").patch(f"/api/profiles/{spare.pk}/", {field: "@169.254.169.254/latest/meta-data"},
+                                        format="json")
+    assert answer.status_code == 400 and field in answer.json()
+    assert snapshot() == before
+    # A row stored before this rule still stays on the engine's own address.
+    assert httpx.URL(f"http://127.0.0.1:5001{url_path('@169.254.169.254/latest/')}").host == "127.0.0.1"
+    assert url_path("/metrics") == "/metrics"
+
+
+def test_the_stored_external_key_is_not_sent_to_a_new_url_without_being_given_again(client, django_user_model,
+                                                                                   world):
+    """The key is written, never read; pointing the model at one's own server would have had
+    the gateway send it there. Changing the URL needs the key again (or none)."""
+    remote = Model.objects.create(name="remote", external_base_url="https://upstream.example/v1",
+                                  external_api_key="sk-upstream-secret", min_replicas=0, max_replicas=0)
+    make_user(django_user_model, "editor", ["catalog.view_model", "catalog.change_model"])
+    api = api_client("editor")
+    before = snapshot()
+    answer = api.patch(f"/api/models/{remote.pk}/", {"external_base_url": "https://attacker.example/v1"},
+                       format="json")
+    assert answer.status_code == 400 and "external_api_key" in answer.json()
+    logged_in(client, django_user_model, "editor2", ["catalog.view_model", "catalog.change_model"])
+    answer = client.post(f"/admin/catalog/model/{remote.pk}/change/",
+                         admin_model_post(remote, external_base_url="https://attacker.example/v1", external_api_key=""))
+    assert answer.status_code == 200 and "not sent to a new address" in answer.content.decode()
+    assert snapshot() == before
+    # With the key given again (or removed), or the URL unchanged, it is an ordinary edit.
+    assert api.patch(f"/api/models/{remote.pk}/", {"max_replicas": 1}, format="json").status_code == 200
+    answer = api.patch(f"/api/models/{remote.pk}/", {"external_base_url": "https://new.example/v1",
+                                                     "external_api_key": "sk-new"}, format="json")
+    assert answer.status_code == 200
+    assert Model.objects.values_list("external_base_url", "external_api_key").get(pk=remote.pk) == (
+        "https://new.example/v1", "sk-new")
+
+
+def test_changing_a_key_cannot_revoke_it_nor_bring_an_expired_one_back(client, django_user_model, world):
+    """Setting an active key's expiry to now is revoking it, and clearing an expired key's
+    expiry is issuing one: with only the change permission, refused (API and admin)."""
+    key = world["key"]
+    expired, _ = ApiKey.create_key("old", expires_at=timezone.now() - datetime.timedelta(days=1))
+    make_user(django_user_model, "editor", ["gateway.view_apikey", "gateway.change_apikey"])
+    api = api_client("editor")
+    before = snapshot()
+    soon = (timezone.now() + datetime.timedelta(seconds=1)).isoformat()
+    for pk, expires_at in ((key.pk, timezone.now().isoformat()), (key.pk, soon), (expired.pk, None)):
+        answer = api.patch(f"/api/keys/{pk}/", {"expires_at": expires_at}, format="json")
+        assert answer.status_code == 403 and "gateway." in answer.json()["detail"], (pk, expires_at)
+    logged_in(client, django_user_model, "editor2", ["gateway.view_apikey", "gateway.change_apikey"])
+    answer = client.post(f"/admin/gateway/apikey/{key.pk}/change/", {
+        "name": key.name, "expires_at_0": "2020-01-01", "expires_at_1": "00:00:00"})
+    assert answer.status_code == 200 and "gateway.revoke_apikey" in answer.content.decode()
+    answer = client.post(f"/admin/gateway/apikey/{expired.pk}/change/", {"name": "old", "expires_at_0": "",
+                                                                          "expires_at_1": ""})
+    assert answer.status_code == 200 and "gateway.add_apikey" in answer.content.decode()
+    assert snapshot() == before
+    # Renaming, or giving an active key more time, is a change like any other.
+    dated, _ = ApiKey.create_key("dated", expires_at=timezone.now() + datetime.timedelta(days=1))
+    later = (timezone.now() + datetime.timedelta(days=30)).isoformat()
+    assert api.patch(f"/api/keys/{dated.pk}/", {"name": "dated-2", "expires_at": later},
+                     format="json").status_code == 200
+    assert api.patch(f"/api/keys/{key.pk}/", {"name": "ci-2"}, format="json").status_code == 200
+    # With the act's permission, it is allowed.
+    make_user(django_user_model, "revoker", ["gateway.change_apikey", perm(Act.REVOKE_KEY)])
+    assert api_client("revoker").patch(f"/api/keys/{key.pk}/", {"expires_at": timezone.now().isoformat()},
+                                       format="json").status_code == 200

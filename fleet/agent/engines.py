@@ -118,6 +118,12 @@ def reap_children() -> None:
             return
 
 
+def url_path(path: str) -> str:
+    """A profile's readiness or metrics path as the path of the engine's own URL: one that
+    does not start with "/" (``@host/…`` would name another host) is made one."""
+    return path if path.startswith("/") else "/" + path
+
+
 def render_command(template: str, values: dict[str, object]) -> list[str]:
     """Split a command template like a shell would and fill each word's placeholders."""
     return [word.format(**values) for word in shlex.split(template)]
@@ -487,7 +493,7 @@ class EngineManager:
             if engine.spec.get("metrics_path") and time.monotonic() >= next_load:
                 next_load = time.monotonic() + self.config.load_poll_s
                 running, waiting = await read_load(
-                    self._http, f"{engine.base_url()}{engine.spec['metrics_path']}",
+                    self._http, f"{engine.base_url()}{url_path(engine.spec['metrics_path'])}",
                     engine.spec.get("metric_running", ""), engine.spec.get("metric_waiting", ""),
                     headers=engine.probe_headers,
                 )
@@ -516,7 +522,7 @@ class EngineManager:
         ("no answer" when it accepted the connection but did not answer in time)."""
         if engine.port is None:
             return "no port"
-        url = f"{engine.base_url()}{engine.spec.get('readiness_path') or '/'}"
+        url = f"{engine.base_url()}{url_path(engine.spec.get('readiness_path') or '/')}"
         try:
             response = await self._http.get(url, headers=engine.probe_headers)
         except httpx.TimeoutException as exc:
