@@ -75,10 +75,11 @@ def fake_profile(name: str = "fake-cpu", *args: str, gpus: int = 0, startup_time
     return profile
 
 
-def live_cluster_fixture(name: str):
-    """A module-scoped pytest fixture yielding a LiveCluster on the test database. The
-    module's tests use the database from it (no django_db mark: per-test flushes would pull
-    rows from under running processes); it is flushed once the cluster has stopped."""
+def live_cluster_fixture(name: str, extra_env: dict[str, str] | None = None):
+    """A module-scoped pytest fixture yielding a LiveCluster on the test database (with
+    ``extra_env`` over FAST_ENV). The module's tests use the database from it (no django_db
+    mark: per-test flushes would pull rows from under running processes); it is flushed
+    once the cluster has stopped."""
     import pytest
 
     @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def live_cluster_fixture(name: str):
 
         with django_db_blocker.unblock():
             ClusterSettings.get_solo()
-            cluster = LiveCluster(tmp_path_factory.mktemp(name))
+            cluster = LiveCluster(tmp_path_factory.mktemp(name), extra_env=extra_env)
             try:
                 yield cluster
             finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -289,7 +291,12 @@ async def test_loopback_and_host_names_are_accepted_where_they_are_true(watcher_
     assert (await Agent.objects.aget(pk=agent.pk)).address == "gpu-2.cluster.example"
     await ws.send_json_to(hello(name="gpu-2", address=""))  # not advertised: accepted, stored empty
     await receive_type(ws, "assign")
+    # That assign may have been pushed for the first hello (the watcher's): wait for the row.
+    deadline = time.monotonic() + 15
+    while (await Agent.objects.aget(pk=agent.pk)).address != "" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert (await Agent.objects.aget(pk=agent.pk)).address == ""
+    assert (await Agent.objects.aget(pk=agent.pk)).connected
     await ws.disconnect()
 
 
