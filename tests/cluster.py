@@ -43,11 +43,12 @@ class LiveCluster:
         self.start_agent()
 
     def start_agent(self, *extra: str) -> Proc:
-        self.agent = Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", self.url, "--token", self.token,
+        # The token in the environment, as the README says (argv is readable by every user).
+        self.agent = Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", self.url,
                            "--name", self.agent_name, "--state-dir", str(self.log_dir / "agent"),
                            "--heartbeat-s", "0.5", "--stop-grace-s", "3", "--port-range", "22000-22999",
                            "--stop-engines-on-exit", *extra],
-                          self.log_dir / "agent.log", env=self.env)
+                          self.log_dir / "agent.log", env={**self.env, "LLMGW_AGENT_TOKEN": self.token})
         from fleet.models import Agent
         wait_until(lambda: Agent.objects.filter(pk=self.agent_row.pk, connected=True).exclude(address="").exists(),
                    timeout_s=30, what="the agent to connect")

@@ -96,10 +96,10 @@ class MultiCluster:
         running are adopted. Returns once it has connected."""
         a = self.agents[name]
         a.proc = Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", f"http://127.0.0.1:{a.link.port}",
-                       "--token", a.token, "--name", name, "--state-dir", str(a.state_dir),
+                       "--name", name, "--state-dir", str(a.state_dir),
                        "--heartbeat-s", str(AGENT_HEARTBEAT_S), "--stop-grace-s", "2", "--port-range", a.ports,
                        "--unready-fail-s", "2", "--hung-fail-s", "2", "--stop-engines-on-exit", *a.extra],
-                      self.log_dir / f"agent-{name}.log", env=self.env)
+                      self.log_dir / f"agent-{name}.log", env={**self.env, "LLMGW_AGENT_TOKEN": a.token})
         a.starts += 1
         wait_until(lambda: a.proc.log().count("connected to ") >= a.starts or a.proc.proc.poll() is not None,
                    timeout_s=30, what=f"agent {name} to connect")

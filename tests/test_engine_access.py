@@ -90,7 +90,8 @@ def test_the_engine_inherits_no_llmgw_variable_and_not_the_agents_token(live, gu
     assert not [name for name in seen if name.upper().startswith("LLMGW")]
     assert not [name for name, value in seen.items() if live.token in value]
     # What the agent itself runs with, so the test means something: its LLMGW_* settings
-    # (the test database's path among them) and its token on its command line.
+    # (the test database's path among them), its token (LLMGW_AGENT_TOKEN) among them.
     agent_env = open(f"/proc/{live.agent.pid}/environ", "rb").read().split(b"\0")
     assert any(item.startswith(b"LLMGW_") for item in agent_env)
+    assert f"LLMGW_AGENT_TOKEN={live.token}".encode() in agent_env
     assert seen["CUDA_VISIBLE_DEVICES"] == ""

@@ -292,6 +292,10 @@ def check_exposure(host: str, stdout, stderr) -> int:
     token generated once into the data directory (the web process reads it from there) and
     say how Prometheus sends it. Returns 0 to go on."""
     if is_loopback(host):
+        kept = Path(settings.LLMGW_METRICS_TOKEN_FILE)
+        if not settings.LLMGW_METRICS_PUBLIC and not os.environ.get("LLMGW_METRICS_TOKEN") and kept.exists():
+            say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {kept}> (kept from an "
+                        "exposed run; delete the file or set LLMGW_METRICS_PUBLIC=1 to make it public)\n")
         return 0
     if not settings.LLMGW_ALLOWED_HOSTS:
         stderr.write(
