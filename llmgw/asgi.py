@@ -6,11 +6,14 @@ no middleware chain (sessions, CSRF, auth, messages… are of no use to the gate
 csrf-exempt, session-less views and cost a thread hop each) and no new worker thread per
 request (``ThreadSensitiveContext``): the few sync calls left (Django's request signals,
 the database fallback of ``gateway.cache``) share one thread. Only the database-unavailable
-answer (503 + Retry-After instead of 500) is kept. Everything else (admin, API, dashboard)
+answer (503 + Retry-After instead of 500) is kept, and the ``Host`` check that Django makes only
+when something asks for the host (``ALLOWED_HOSTS``: 400 for any other name, so that a web
+page rebound to this address cannot use ``/v1/`` or read ``/metrics``). Everything else (admin, API, dashboard)
 keeps the full handler. In front of both, ``llmgw.limits.BodyLimits`` reads each request
 body within its size limit and deadline (413 / 408 before any Django work).
 """
 
+import logging
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
@@ -22,7 +25,9 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core.exceptions import DisallowedHost  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.http import HttpResponseBadRequest  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
@@ -39,7 +44,23 @@ class LeanASGIHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = [DatabaseUnavailableMiddleware(None).process_exception]
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._middleware_chain = convert_exception_to_response(self._host_checked)
+
+    async def _host_checked(self, request):
+        """400 for a ``Host`` not in ``ALLOWED_HOSTS`` (OpenAI's shape under ``/v1/``), as
+        the full handler's middleware answers it; else the view's response."""
+        try:
+            request.get_host()
+        except DisallowedHost as exc:
+            logging.getLogger("django.security.DisallowedHost").warning("%s", exc)
+            if request.path.startswith("/v1/"):
+                from gateway.errors import openai_error
+
+                return openai_error(400, "This gateway is not served under that host name (Host header).",
+                                    code="disallowed_host")
+            return HttpResponseBadRequest("Bad Request: this host name is not served here (Host header).\n",
+                                          content_type="text/plain; charset=utf-8")
+        return await self._get_response_async(request)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

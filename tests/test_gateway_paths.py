@@ -177,6 +177,29 @@ def test_a_near_miss_path_cannot_dodge_validation(servers, models, key, target, 
     assert servers["upstream"].since(before) == []
 
 
+@pytest.mark.parametrize("host", ["rebound.example.com", "evil.example.com:8000", "127.0.0.1.evil.example.com"])
+def test_a_host_not_allowed_is_refused_under_v1_and_metrics_too(servers, models, key, host):
+    """DNS rebinding: a web page whose name now resolves to the gateway reads what it
+    answers as its own origin. Django checks ``ALLOWED_HOSTS`` only when something asks for
+    the host, and nothing did on ``/v1/`` and ``/metrics`` (no middleware there): so a page
+    could use a gateway without keys (``LLMGW_GATEWAY_AUTH=false``) or read an open
+    ``/metrics``. Both refuse such a host (400) before any key or upstream work."""
+    upstream = servers["upstream"]
+    before = upstream.count()
+    for model in ("rep", "ext"):
+        r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI}, key, headers={"Host": host})
+        assert r.status_code == 400, (host, model, r)
+        assert r.body["error"]["code"] == "disallowed_host" and "x-llmgw-replica" not in r.headers, r
+    assert post(servers, "/v1/models", {}, key, headers={"Host": host}, method="GET").status_code == 400
+    metrics = post(servers, "/metrics", {}, None, headers={"Host": host}, method="GET")
+    assert metrics.status_code == 400 and "llmgw_" not in str(metrics.body), metrics
+    assert upstream.since(before) == []
+    # The names it is reached by still work.
+    assert post(servers, "/v1/chat/completions", {"model": "rep", "messages": HI}, key,
+                headers={"Host": f"localhost:{servers['port']}"}).status_code == 200
+    assert post(servers, "/metrics", {}, None, method="GET").status_code == 200
+
+
 # --- external models: key, endpoints, organization ----------------------------------------------
 
 
