@@ -28,7 +28,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.exceptions import DisallowedHost  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http import HttpResponseBadRequest  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
@@ -83,11 +83,20 @@ class _Split:
 
 lean_asgi = LeanASGIHandler()
 
+
+async def refuse_websocket(scope, receive, send):
+    """A websocket to any path but ``/ws/agent/``: refused (uvicorn answers the handshake
+    403), with no exception — Channels' router raises one, and its traceback on the error
+    log, for every unrouted attempt."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
 router = ProtocolTypeRouter(
     {
         # Bodies are bounded (size, deadline) before either handler sees the request.
         "http": BodyLimits(_Split(lean_asgi, ASGIStaticFilesHandler(django_asgi))),
-        "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
+        "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi()), re_path(r"", refuse_websocket)]),
     }
 )
 
