@@ -258,16 +258,27 @@ class Engine:
         return process_alive(self.pid, self.start_time)
 
     def log_tail(self, lines: int = 15) -> str:
+        """The log's last ``lines`` lines, within its last 8 KiB, each whole: a line cut by
+        the window is left out (a key printed on it would be cut too, and its end would
+        pass the masking of the whole key)."""
         if self.log_path is None:
             return ""
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 8192))
-                text = fh.read().decode("utf-8", "replace")
+                start = max(0, fh.tell() - 8192)
+                if start:
+                    fh.seek(start - 1)  # the byte before the window: is its first line whole?
+                    whole = fh.read(1) == b"\n"
+                else:
+                    fh.seek(0)
+                    whole = True
+                data = fh.read()
         except OSError:
             return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        if not whole:
+            data = data.partition(b"\n")[2]
+        return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
 
 
 class EngineManager:
