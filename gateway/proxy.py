@@ -59,13 +59,16 @@ _ORG_HEADERS = ("openai-organization", "openai-project")
 # upstream's Connection header names), ours to set (server, date, length, encoding), and
 # those that would act on the client under the gateway's origin — cookies and sessions, an
 # upstream's auth challenge, HSTS, Alt-Svc, CORS grants — or name the operator's account
-# at an external provider (its organization / project).
+# at an external provider (its organization / project); those that would send the client
+# elsewhere under the gateway's name (redirects, refreshes, preloads); and the gateway's own
+# (``X-Llmgw-*``: set here, never taken from upstream).
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "content-length", "content-encoding", "server", "date"}
 _UNSAFE_RESPONSE_HEADERS = {"set-cookie", "set-cookie2", "www-authenticate", "proxy-authenticate",
                             "authentication-info", "proxy-authentication-info", "strict-transport-security",
-                            "alt-svc", "clear-site-data", "openai-organization", "openai-project"}
-_UNSAFE_RESPONSE_PREFIXES = ("access-control-",)
+                            "alt-svc", "clear-site-data", "openai-organization", "openai-project",
+                            "location", "content-location", "refresh", "link"}
+_UNSAFE_RESPONSE_PREFIXES = ("access-control-", "x-llmgw-")
 _STREAMABLE = ("chat/completions", "completions")
 
 

@@ -16,7 +16,7 @@ from catalog.models import Model
 from gateway.models import ApiKey
 from tests.processes import free_port, web_server, wait_until
 from tests.test_gateway import routed_to, serve
-from tests.upstream import SAFE_HEADERS, UNSAFE_HEADERS, RecordingUpstream
+from tests.upstream import SAFE_HEADERS, SPOOFING_HEADERS, UNSAFE_HEADERS, RecordingUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -262,6 +262,21 @@ def test_upstream_cookies_and_session_headers_never_reach_the_client(servers, mo
     for name in UNSAFE_HEADERS:
         assert name.lower() not in r.headers, (name, r.headers)
     for name, value in SAFE_HEADERS.items():  # what a client may use still comes through
+        assert r.headers.get(name.lower()) == value
+
+
+@pytest.mark.parametrize("model, stream", [("rep", False), ("ext", False), ("rep", True), ("ext", True)])
+def test_upstream_redirects_and_the_gateways_own_headers_never_come_from_upstream(servers, models, key, model,
+                                                                                  stream):
+    """An upstream cannot send the client elsewhere under the gateway's name (``Location``,
+    ``Refresh``, ``Link`` preloads) nor speak for the gateway (``X-Llmgw-*``)."""
+    r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI, "stream": stream}, key)
+    assert r.status_code == 200, r
+    for name in ("location", "content-location", "refresh", "link", "x-llmgw-anything"):
+        assert name not in r.headers, (name, r.headers)
+    assert r.headers["x-llmgw-replica"] != SPOOFING_HEADERS["X-Llmgw-Replica"]
+    assert r.headers.get("x-llmgw-overhead-ms") != SPOOFING_HEADERS["X-Llmgw-Overhead-Ms"]
+    for name, value in SAFE_HEADERS.items():
         assert r.headers.get(name.lower()) == value
 
 
