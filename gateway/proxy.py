@@ -67,7 +67,8 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encodin
 _UNSAFE_RESPONSE_HEADERS = {"set-cookie", "set-cookie2", "www-authenticate", "proxy-authenticate",
                             "authentication-info", "proxy-authentication-info", "strict-transport-security",
                             "alt-svc", "clear-site-data", "openai-organization", "openai-project",
-                            "location", "content-location", "refresh", "link"}
+                            "location", "content-location", "refresh", "link", "content-security-policy",
+                            "content-security-policy-report-only", "x-content-type-options"}
 _UNSAFE_RESPONSE_PREFIXES = ("access-control-", "x-llmgw-")
 _STREAMABLE = ("chat/completions", "completions")
 
@@ -423,12 +424,17 @@ def relayed_header(name: str, connection: str = "") -> bool:
     return lowered not in {token.strip().lower() for token in connection.split(",")}
 
 
+#: On every relayed answer: whatever an upstream sends (an HTML page, a script) is not run by
+#: a browser under the gateway's origin, which is the admin's too.
+_CONTAINED = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox"}
+
+
 def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extra: dict[str, str]) -> None:
     connection = ",".join(upstream.headers.getall("connection", []))
     for name, value in upstream.headers.items():
         if relayed_header(name, connection):
             response[name] = value
-    for name, value in extra.items():
+    for name, value in {**extra, **_CONTAINED}.items():
         response[name] = value
 
 

@@ -276,6 +276,8 @@ def test_upstream_redirects_and_the_gateways_own_headers_never_come_from_upstrea
         assert name not in r.headers, (name, r.headers)
     assert r.headers["x-llmgw-replica"] != SPOOFING_HEADERS["X-Llmgw-Replica"]
     assert r.headers.get("x-llmgw-overhead-ms") != SPOOFING_HEADERS["X-Llmgw-Overhead-Ms"]
+    # Whatever an upstream answers is never run by a browser under the gateway's (and the admin's) origin.
+    assert r.headers["x-content-type-options"] == "nosniff" and "sandbox" in r.headers["content-security-policy"]
     for name, value in SAFE_HEADERS.items():
         assert r.headers.get(name.lower()) == value
 
