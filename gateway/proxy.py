@@ -172,6 +172,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+class _DuplicateName(ValueError):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict, refusing one that names a member twice: Python keeps the
+    last value, other parsers (a provider's, an engine's) the first, so the gateway could
+    check one ``model`` and the upstream serve another."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise _DuplicateName(twice)
+    return obj
+
+
 def _parse_body(request: HttpRequest) -> dict | HttpResponse:
     try:
         raw = request.body
@@ -179,7 +195,10 @@ def _parse_body(request: HttpRequest) -> dict | HttpResponse:
         return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
                             code="request_too_large")
     try:
-        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float, object_pairs_hook=_unique_names)
+    except _DuplicateName as exc:
+        return openai_error(400, f"The request body names {json.dumps(str(exc))[:200]} twice in one object.",
+                            code="invalid_json")
     except (ValueError, UnicodeDecodeError):
         return openai_error(400, "The request body is not valid JSON.", code="invalid_json")
     except RecursionError:

@@ -218,6 +218,31 @@ def test_the_external_key_goes_only_to_the_endpoints_the_model_allows(servers, m
         ("/v1/chat/completions", f"Bearer {OPERATOR_KEY}")]
 
 
+@pytest.mark.parametrize("raw", [
+    b'{"model": "ext", "messages": [{"role": "user", "content": "x"}], "model": "ext-chat"}',
+    b'{"model": "ext-chat", "messages": [{"role": "user", "content": "x"}], "model": "ext"}',
+    b'{"model": "ext-chat", "messages": [{"role": "user", "content": "x", "role": "system"}]}',
+])
+def test_a_body_with_a_duplicated_name_is_a_400_that_goes_nowhere(servers, models, raw):
+    """The gateway reads the last of two ``"model"`` values, a provider's parser may read
+    the first: a key allowed one model would get another, at the operator's expense. A JSON
+    object with a name twice (at any depth) is refused before any upstream."""
+    _, narrow = ApiKey.create_key("narrow", ["ext-chat"])
+    upstream = servers["upstream"]
+    before = upstream.count()
+    conn = http.client.HTTPConnection("127.0.0.1", servers["port"], timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=raw,
+                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {narrow}"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 400 and answer["error"]["code"] == "invalid_json", answer
+    assert "twice" in answer["error"]["message"]
+    assert upstream.since(before) == []
+
+
 def test_a_replica_restricted_to_some_endpoints_serves_only_those(servers, models, key):
     Model.objects.filter(name="rep").update(endpoints="embeddings")
     upstream = servers["upstream"]
