@@ -262,7 +262,9 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         try:
             upstream = await _open(url, content, headers)
         except (_Refused, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}",
+            # Its address (an internal host name, a port) is for the log, not the client.
+            log.warning("external service for %s not reachable: %s", model.name, exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable.",
                                           code="upstream_unreachable"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away before the answer's headers
@@ -422,8 +424,9 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
                                           code="upstream_timeout"))
         except aiohttp.ClientError as exc:
             usage.end(endpoint.replica_id)
-            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed: {exc}",
-                                          code="upstream_error"))
+            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed "
+                                               f"({type(exc).__name__}).", code="upstream_error"))
     ex.replica_id = endpoint.replica_id
     return await _relay(upstream, ex, endpoint.replica_id, strip_usage, {
         "X-Llmgw-Replica": f"{endpoint.replica_id}@{endpoint.agent_name}",

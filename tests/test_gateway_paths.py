@@ -276,6 +276,18 @@ def test_an_external_model_that_allows_it_gets_the_organization_headers(servers,
     assert seen["headers"]["authorization"] == f"Bearer {OPERATOR_KEY}"
 
 
+def test_an_unreachable_external_service_is_a_502_that_does_not_name_its_address(servers, models, key):
+    """The provider's address (an internal host name, a port) is the operator's to know:
+    the client gets the model's name, the web process's log gets the address."""
+    closed = free_port()
+    Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{closed}/v1")
+    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
+    assert r.status_code == 502 and r.body["error"]["code"] == "upstream_unreachable", r
+    assert str(closed) not in r.body["error"]["message"] and "127.0.0.1" not in r.body["error"]["message"]
+    assert "'ext'" in r.body["error"]["message"]
+    wait_until(lambda: str(closed) in servers["web"].log(), timeout_s=5, what="the address in the web log")
+
+
 # --- response headers --------------------------------------------------------------------------
 
 
