@@ -455,7 +455,10 @@ def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extr
     connection = ",".join(upstream.headers.getall("connection", []))
     for name, value in upstream.headers.items():
         if relayed_header(name, connection):
-            response[name] = value
+            try:
+                response[name] = value
+            except (UnicodeError, ValueError):  # bytes that are not text (surrogates), a newline
+                log.warning("dropped upstream header %r: its value cannot be relayed", name)
     for name, value in {**extra, **_CONTAINED}.items():
         response[name] = value
 

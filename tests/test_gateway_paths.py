@@ -319,6 +319,62 @@ def test_upstream_redirects_and_the_gateways_own_headers_never_come_from_upstrea
         assert r.headers.get(name.lower()) == value
 
 
+class RawHeaderUpstream:
+    """An upstream whose answers carry a header value that is not text (bytes ``ff fe``):
+    aiohttp hands it over as surrogates, which no response header can carry."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), b"0"))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                if b'"stream": true' in rest:
+                    ctype, body = b"text/event-stream", b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+                else:
+                    ctype, body = b"application/json", b'{"id": "c1", "object": "chat.completion", "choices": []}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nX-Bad: \xff\xfe\r\nX-Request-Id: r1\r\n"
+                             b"Connection: close\r\n\r\n" + body)
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_header_that_is_not_text_is_dropped_not_a_500(servers, models, key, stream):
+    """Before, Django refused to set it: a 500 in HTML under /v1/ and, for a stream, the
+    replica counted busy forever. Now the header is left out and the answer relayed."""
+    upstream = RawHeaderUpstream()
+    try:
+        external("ext-raw", f"http://127.0.0.1:{upstream.port}/v1")
+        r = post(servers, "/v1/chat/completions", {"model": "ext-raw", "messages": HI, "stream": stream}, key)
+        assert r.status_code == 200, r
+        assert "x-bad" not in r.headers and r.headers.get("x-request-id") == "r1"
+        assert ("[DONE]" in r.body) if stream else (r.body["object"] == "chat.completion")
+    finally:
+        upstream.stop()
+
+
 def test_an_upstream_error_keeps_its_status_but_not_its_cookies(servers, models, key):
     # The recording upstream answers 404 {"detail": ...} for a path it does not serve; the
     # gateway never sends one there, so make the model's endpoint exist here but not there.
