@@ -37,13 +37,31 @@ from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
 LEAN_PREFIXES = ("/v1/", "/metrics")
 
 
+def _gateway_internal_error(request, exception):
+    """Under ``/v1/``, an unexpected exception of a view is a 500 in OpenAI's shape (with
+    its traceback on the log) rather than Django's HTML page; a database outage is left to
+    ``DatabaseUnavailableMiddleware`` (503 with Retry-After)."""
+    if not request.path.startswith("/v1/"):
+        return None
+    from django.db import InterfaceError, OperationalError
+
+    if isinstance(exception, (OperationalError, InterfaceError)):
+        return None
+    from gateway.errors import openai_error
+
+    logging.getLogger("gateway.proxy").error("internal error serving %s %s", request.method, request.path[:200],
+                                             exc_info=exception)
+    return openai_error(500, "The gateway failed to serve this request (an internal error; it is logged).",
+                        code="internal_error")
+
+
 class LeanASGIHandler(ASGIHandler):
     """Django's ASGI handler without the middleware chain (see the module docstring)."""
 
     def load_middleware(self, is_async: bool = True) -> None:
         self._view_middleware = []
         self._template_response_middleware = []
-        self._exception_middleware = [DatabaseUnavailableMiddleware(None).process_exception]
+        self._exception_middleware = [_gateway_internal_error, DatabaseUnavailableMiddleware(None).process_exception]
         self._middleware_chain = convert_exception_to_response(self._host_checked)
 
     async def _host_checked(self, request):

@@ -383,6 +383,26 @@ def test_an_upstream_error_keeps_its_status_but_not_its_cookies(servers, models,
     assert r.status_code == 404 and r.set_cookie is None and "www-authenticate" not in r.headers
 
 
+async def test_an_internal_error_under_v1_is_a_500_in_openais_shape(monkeypatch):
+    """Whatever fails inside the gateway, a client under /v1/ reads OpenAI's error shape, and
+    the traceback goes to the log (not to the client)."""
+    from channels.testing import HttpCommunicator
+
+    from gateway import proxy
+    from llmgw.asgi import application
+
+    async def broken(request, endpoint):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(proxy, "proxy", broken)
+    communicator = HttpCommunicator(application, "POST", "/v1/chat/completions", body=b"{}",
+                                    headers=[(b"host", b"127.0.0.1"), (b"content-type", b"application/json")])
+    answer = await communicator.get_response(timeout=10)
+    body = json.loads(answer["body"])
+    assert answer["status"] == 500 and body["error"]["code"] == "internal_error", answer
+    assert "secret internal detail" not in answer["body"].decode()
+
+
 # --- the catalog's side --------------------------------------------------------------------------
 
 
