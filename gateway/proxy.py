@@ -496,7 +496,9 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
             body = await upstream.read()
             read = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return ex.answer(openai_error(502, f"The upstream answer broke off: {exc}", code="upstream_error"))
+            log.warning("upstream answer broke off: %s", exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The upstream answer broke off ({type(exc).__name__}).",
+                                          code="upstream_error"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away; closing the upstream tells the engine
             raise
@@ -566,7 +568,8 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                 # (an OpenAI-shaped error event) rather than end it as if it were complete.
                 log.warning("upstream stream broke: %s", exc)
                 status = 502
-                error = {"error": {"message": f"The engine's stream broke off: {exc}", "type": "api_error",
+                error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
+                                   "type": "api_error",
                                    "param": None, "code": "upstream_stream_broken"}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"
             # else: the stream was whole ([DONE] sent); only the engine's goodbye was rough
