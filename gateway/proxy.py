@@ -92,6 +92,23 @@ class _Refused(Exception):
     """The replica refused the connection before any byte was sent."""
 
 
+class UpstreamAnswerTooLarge(aiohttp.ClientPayloadError):
+    """An upstream answer (or one event of a stream) over ``LLMGW_MAX_UPSTREAM_BODY_BYTES``."""
+
+
+async def _read_bounded(upstream: aiohttp.ClientResponse) -> bytes:
+    """The whole answer, read no further than ``LLMGW_MAX_UPSTREAM_BODY_BYTES`` (decompressed:
+    a small gzip answer can unpack to any size)."""
+    limit = settings.LLMGW_MAX_UPSTREAM_BODY_BYTES
+    chunks, size = [], 0
+    async for chunk in upstream.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamAnswerTooLarge(f"the answer is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _token_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
@@ -493,7 +510,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
     if "text/event-stream" not in content_type:
         read = False
         try:
-            body = await upstream.read()
+            body = await _read_bounded(upstream)
             read = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("upstream answer broke off: %s", exc or type(exc).__name__)
@@ -540,6 +557,8 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                     ex.ttft_s = time.monotonic() - ex.started
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
+                if len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
+                    raise UpstreamAnswerTooLarge(f"an event is over {settings.LLMGW_MAX_UPSTREAM_BODY_BYTES} bytes")
                 out = []
                 ends = False
                 for event in complete:

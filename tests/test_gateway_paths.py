@@ -63,7 +63,8 @@ def servers(django_db_setup, tmp_path_factory):
     logs = tmp_path_factory.mktemp("paths")
     upstream = RecordingUpstream().start()
     port = free_port()
-    web = web_server(port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms"})
+    web = web_server(port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
+                                      "LLMGW_MAX_UPSTREAM_BODY_BYTES": "65536"})
     yield {"port": port, "url": f"http://127.0.0.1:{port}", "upstream": upstream, "web": web}
     web.stop()
     upstream.stop()
@@ -348,13 +349,18 @@ class RawHeaderUpstream:
                                    if line.lower().startswith(b"content-length:")), b"0"))
                 while len(rest) < length:
                     rest += conn.recv(65536)
-                if b'"stream": true' in rest:
-                    ctype, body = b"text/event-stream", b'data: {"choices": []}\n\ndata: [DONE]\n\n'
-                else:
-                    ctype, body = b"application/json", b'{"id": "c1", "object": "chat.completion", "choices": []}'
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\nX-Bad: \xff\xfe\r\nX-Request-Id: r1\r\n"
-                             b"Connection: close\r\n\r\n" + body)
+                try:
+                    conn.sendall(self.answer(rest))
+                except OSError:
+                    pass  # the gateway hung up (it read enough)
+
+    def answer(self, request_body: bytes) -> bytes:
+        if b'"stream": true' in request_body:
+            ctype, body = b"text/event-stream", b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+        else:
+            ctype, body = b"application/json", b'{"id": "c1", "object": "chat.completion", "choices": []}'
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: " + str(len(body)).encode()
+                + b"\r\nX-Bad: \xff\xfe\r\nX-Request-Id: r1\r\nConnection: close\r\n\r\n" + body)
 
     def stop(self) -> None:
         self.sock.close()
@@ -371,6 +377,39 @@ def test_an_upstream_header_that_is_not_text_is_dropped_not_a_500(servers, model
         assert r.status_code == 200, r
         assert "x-bad" not in r.headers and r.headers.get("x-request-id") == "r1"
         assert ("[DONE]" in r.body) if stream else (r.body["object"] == "chat.completion")
+    finally:
+        upstream.stop()
+
+
+class HugeUpstream(RawHeaderUpstream):
+    """Answers far over the gateway's upstream limit (64 KiB in these tests): a gzip answer
+    that unpacks to 4 MiB, or a stream whose one event never ends."""
+
+    def answer(self, request_body: bytes) -> bytes:
+        import gzip
+
+        if b'"stream": true' in request_body:
+            body = b'data: {"choices": [], "x": "' + b"a" * (4 * 1024 * 1024)
+            return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "
+                    + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        body = gzip.compress(b'{"id": "c1", "object": "chat.completion", "x": "' + b"a" * (4 * 1024 * 1024) + b'"}')
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_answer_over_the_limit_is_cut_off_not_buffered(servers, models, key, stream):
+    """No engine or provider fills the web process's memory: an answer (decompressed) or a
+    stream's event over ``LLMGW_MAX_UPSTREAM_BODY_BYTES`` ends in a 502 / an error event."""
+    upstream = HugeUpstream()
+    try:
+        external("ext-huge", f"http://127.0.0.1:{upstream.port}/v1")
+        r = post(servers, "/v1/chat/completions", {"model": "ext-huge", "messages": HI, "stream": stream}, key)
+        if stream:
+            assert r.status_code == 200 and "upstream_stream_broken" in r.body and len(r.body) < 65536, str(r)[:300]
+        else:
+            assert r.status_code == 502 and r.body["error"]["code"] == "upstream_error", r
+            assert "TooLarge" in r.body["error"]["message"]
     finally:
         upstream.stop()
 
