@@ -15,6 +15,22 @@ from catalog.models import KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, M
 from llmgw.permissions import Act, can
 
 
+class SecretFieldsAdminMixin:
+    """Refuses changelist lookups on secret fields (``secret_fields``): Django's admin takes
+    any lookup on a model's own fields from the query string (``?engine_key__startswith=a``),
+    and the list shrinking when a guess is wrong would let anyone who may view the list walk
+    to the whole secret a character at a time. Such a request gets 400 (Django's
+    ``DisallowedModelAdminLookup``)."""
+
+    #: Names of the model's fields that are never filtered on from a URL.
+    secret_fields: tuple[str, ...] = ()
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.split("__", 1)[0] in self.secret_fields:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+
 class EngineCodeAdminMixin:
     """Saves through the admin: engine-code changes are refused unless the user may make
     them (the fields are read-only to others, so this is the last guard) and recorded in
@@ -170,9 +186,12 @@ class WeightsGuardForm(ModelAdminForm):
 
 
 @admin.register(Model)
-class ModelAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
+class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin):
     """Catalog models. Without the engine-code permission, ``pypi:``/``file:`` weights
-    are read-only and cannot be set."""
+    are read-only and cannot be set. The external provider key is write-only, and never
+    a filter."""
+
+    secret_fields = ("external_api_key",)
 
     list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at",
                     "wanted_since", "last_used", "status")

@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 
+from catalog.admin import SecretFieldsAdminMixin
 from fleet import auth_throttle
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
 from llmgw.permissions import Act, can
@@ -39,7 +40,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     """Agents. Adding one registers the machine and shows its token once; ``cordoned`` is
     read-only without the cordon permission (changing it *is* cordoning)."""
 
@@ -49,6 +50,7 @@ class AgentAdmin(admin.ModelAdmin):
     readonly_fields = ("token_prefix", "connected", "connected_since", "last_seen_at", "version", "address",
                        "cpu_cores", "memory_mib", "generation", "restart_generation", "session")
     exclude = ("token_sha256",)
+    secret_fields = ("token_sha256",)
     inlines = [GpuInline]
     actions = ["cordon", "uncordon", "drain", "rekey"]
 
@@ -124,12 +126,13 @@ class AgentAdmin(admin.ModelAdmin):
 
 
 @admin.register(Replica)
-class ReplicaAdmin(admin.ModelAdmin):
+class ReplicaAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     list_display = ("id", "model", "agent", "state", "port", "gpu_indices", "state_changed_at", "last_used_at", "reason")
     list_filter = ("state", "agent", "model")
     list_select_related = ("model", "agent")
     # Not the engine key: only the gateway and the replica's agent may know it.
     readonly_fields = [f.name for f in Replica._meta.fields if f.name != "engine_key"]
+    secret_fields = ("engine_key",)
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -158,7 +161,7 @@ class ScalingEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     """REST API tokens (issued by ``POST /api/auth/token/``): who holds which, when each was
     last used and when it expires. Deleting one revokes it at once (every request looks
     the token up); nothing else about a token can be changed here."""
@@ -167,6 +170,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = ("user",)
     list_select_related = ("user",)
     search_fields = ("user__username", "prefix")
+    secret_fields = ("sha256",)
     readonly_fields = ("user", "prefix", "created_at", "last_used_at", "expires", "state")
     fields = readonly_fields
 

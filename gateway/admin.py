@@ -5,19 +5,21 @@ from django.contrib import admin
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from catalog.admin import SecretFieldsAdminMixin
 from gateway.api import expiry_denial
 from gateway.models import ApiKey, UsageRecord
 from llmgw.permissions import Act, can
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     """Keys are created here like anywhere else; the clear key is shown once, on the page
     answering the save of a new one (never in a message: those travel in a cookie)."""
 
     list_display = ("name", "prefix", "state", "models_allowed", "expires_at", "revoked_at", "created_at")
     list_filter = ("revoked_at",)
     search_fields = ("name", "prefix")
+    secret_fields = ("sha256",)
     readonly_fields = ("prefix", "revoked_at", "created_at")
     filter_horizontal = ("allowed_models",)
     actions = ["revoke"]

@@ -59,13 +59,17 @@ _ORG_HEADERS = ("openai-organization", "openai-project")
 # upstream's Connection header names), ours to set (server, date, length, encoding), and
 # those that would act on the client under the gateway's origin — cookies and sessions, an
 # upstream's auth challenge, HSTS, Alt-Svc, CORS grants — or name the operator's account
-# at an external provider (its organization / project).
+# at an external provider (its organization / project); those that would send the client
+# elsewhere under the gateway's name (redirects, refreshes, preloads); and the gateway's own
+# (``X-Llmgw-*``: set here, never taken from upstream).
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "content-length", "content-encoding", "server", "date"}
 _UNSAFE_RESPONSE_HEADERS = {"set-cookie", "set-cookie2", "www-authenticate", "proxy-authenticate",
                             "authentication-info", "proxy-authentication-info", "strict-transport-security",
-                            "alt-svc", "clear-site-data", "openai-organization", "openai-project"}
-_UNSAFE_RESPONSE_PREFIXES = ("access-control-",)
+                            "alt-svc", "clear-site-data", "openai-organization", "openai-project",
+                            "location", "content-location", "refresh", "link", "content-security-policy",
+                            "content-security-policy-report-only", "x-content-type-options"}
+_UNSAFE_RESPONSE_PREFIXES = ("access-control-", "x-llmgw-")
 _STREAMABLE = ("chat/completions", "completions")
 
 
@@ -86,6 +90,23 @@ def upstream_client() -> aiohttp.ClientSession:
 
 class _Refused(Exception):
     """The replica refused the connection before any byte was sent."""
+
+
+class UpstreamAnswerTooLarge(aiohttp.ClientPayloadError):
+    """An upstream answer (or one event of a stream) over ``LLMGW_MAX_UPSTREAM_BODY_BYTES``."""
+
+
+async def _read_bounded(upstream: aiohttp.ClientResponse) -> bytes:
+    """The whole answer, read no further than ``LLMGW_MAX_UPSTREAM_BODY_BYTES`` (decompressed:
+    a small gzip answer can unpack to any size)."""
+    limit = settings.LLMGW_MAX_UPSTREAM_BODY_BYTES
+    chunks, size = [], 0
+    async for chunk in upstream.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamAnswerTooLarge(f"the answer is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _token_count(value) -> bool:
@@ -168,6 +189,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+class _DuplicateName(ValueError):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict, refusing one that names a member twice: Python keeps the
+    last value, other parsers (a provider's, an engine's) the first, so the gateway could
+    check one ``model`` and the upstream serve another."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise _DuplicateName(twice)
+    return obj
+
+
 def _parse_body(request: HttpRequest) -> dict | HttpResponse:
     try:
         raw = request.body
@@ -175,7 +212,10 @@ def _parse_body(request: HttpRequest) -> dict | HttpResponse:
         return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
                             code="request_too_large")
     try:
-        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float, object_pairs_hook=_unique_names)
+    except _DuplicateName as exc:
+        return openai_error(400, f"The request body names {json.dumps(str(exc))[:200]} twice in one object.",
+                            code="invalid_json")
     except (ValueError, UnicodeDecodeError):
         return openai_error(400, "The request body is not valid JSON.", code="invalid_json")
     except RecursionError:
@@ -239,7 +279,9 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         try:
             upstream = await _open(url, content, headers)
         except (_Refused, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable: {exc}",
+            # Its address (an internal host name, a port) is for the log, not the client.
+            log.warning("external service for %s not reachable: %s", model.name, exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable.",
                                           code="upstream_unreachable"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away before the answer's headers
@@ -399,8 +441,9 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
                                           code="upstream_timeout"))
         except aiohttp.ClientError as exc:
             usage.end(endpoint.replica_id)
-            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed: {exc}",
-                                          code="upstream_error"))
+            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed "
+                                               f"({type(exc).__name__}).", code="upstream_error"))
     ex.replica_id = endpoint.replica_id
     return await _relay(upstream, ex, endpoint.replica_id, strip_usage, {
         "X-Llmgw-Replica": f"{endpoint.replica_id}@{endpoint.agent_name}",
@@ -420,12 +463,20 @@ def relayed_header(name: str, connection: str = "") -> bool:
     return lowered not in {token.strip().lower() for token in connection.split(",")}
 
 
+#: On every relayed answer: whatever an upstream sends (an HTML page, a script) is not run by
+#: a browser under the gateway's origin, which is the admin's too.
+_CONTAINED = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox"}
+
+
 def _copy_headers(upstream: aiohttp.ClientResponse, response: HttpResponse, extra: dict[str, str]) -> None:
     connection = ",".join(upstream.headers.getall("connection", []))
     for name, value in upstream.headers.items():
         if relayed_header(name, connection):
-            response[name] = value
-    for name, value in extra.items():
+            try:
+                response[name] = value
+            except (UnicodeError, ValueError):  # bytes that are not text (surrogates), a newline
+                log.warning("dropped upstream header %r: its value cannot be relayed", name)
+    for name, value in {**extra, **_CONTAINED}.items():
         response[name] = value
 
 
@@ -459,10 +510,12 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
     if "text/event-stream" not in content_type:
         read = False
         try:
-            body = await upstream.read()
+            body = await _read_bounded(upstream)
             read = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return ex.answer(openai_error(502, f"The upstream answer broke off: {exc}", code="upstream_error"))
+            log.warning("upstream answer broke off: %s", exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The upstream answer broke off ({type(exc).__name__}).",
+                                          code="upstream_error"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away; closing the upstream tells the engine
             raise
@@ -504,6 +557,8 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                     ex.ttft_s = time.monotonic() - ex.started
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
+                if len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
+                    raise UpstreamAnswerTooLarge(f"an event is over {settings.LLMGW_MAX_UPSTREAM_BODY_BYTES} bytes")
                 out = []
                 ends = False
                 for event in complete:
@@ -532,7 +587,8 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
                 # (an OpenAI-shaped error event) rather than end it as if it were complete.
                 log.warning("upstream stream broke: %s", exc)
                 status = 502
-                error = {"error": {"message": f"The engine's stream broke off: {exc}", "type": "api_error",
+                error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
+                                   "type": "api_error",
                                    "param": None, "code": "upstream_stream_broken"}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"
             # else: the stream was whole ([DONE] sent); only the engine's goodbye was rough

@@ -6,11 +6,14 @@ no middleware chain (sessions, CSRF, auth, messages… are of no use to the gate
 csrf-exempt, session-less views and cost a thread hop each) and no new worker thread per
 request (``ThreadSensitiveContext``): the few sync calls left (Django's request signals,
 the database fallback of ``gateway.cache``) share one thread. Only the database-unavailable
-answer (503 + Retry-After instead of 500) is kept. Everything else (admin, API, dashboard)
+answer (503 + Retry-After instead of 500) is kept, and the ``Host`` check that Django makes only
+when something asks for the host (``ALLOWED_HOSTS``: 400 for any other name, so that a web
+page rebound to this address cannot use ``/v1/`` or read ``/metrics``). Everything else (admin, API, dashboard)
 keeps the full handler. In front of both, ``llmgw.limits.BodyLimits`` reads each request
 body within its size limit and deadline (413 / 408 before any Django work).
 """
 
+import logging
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
@@ -22,8 +25,10 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core.exceptions import DisallowedHost  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.http import HttpResponseBadRequest  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
@@ -32,14 +37,48 @@ from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
 LEAN_PREFIXES = ("/v1/", "/metrics")
 
 
+def _gateway_internal_error(request, exception):
+    """Under ``/v1/``, an unexpected exception of a view is a 500 in OpenAI's shape (with
+    its traceback on the log) rather than Django's HTML page; a database outage is left to
+    ``DatabaseUnavailableMiddleware`` (503 with Retry-After)."""
+    if not request.path.startswith("/v1/"):
+        return None
+    from django.db import InterfaceError, OperationalError
+
+    if isinstance(exception, (OperationalError, InterfaceError)):
+        return None
+    from gateway.errors import openai_error
+
+    logging.getLogger("gateway.proxy").error("internal error serving %s %s", request.method, request.path[:200],
+                                             exc_info=exception)
+    return openai_error(500, "The gateway failed to serve this request (an internal error; it is logged).",
+                        code="internal_error")
+
+
 class LeanASGIHandler(ASGIHandler):
     """Django's ASGI handler without the middleware chain (see the module docstring)."""
 
     def load_middleware(self, is_async: bool = True) -> None:
         self._view_middleware = []
         self._template_response_middleware = []
-        self._exception_middleware = [DatabaseUnavailableMiddleware(None).process_exception]
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._exception_middleware = [_gateway_internal_error, DatabaseUnavailableMiddleware(None).process_exception]
+        self._middleware_chain = convert_exception_to_response(self._host_checked)
+
+    async def _host_checked(self, request):
+        """400 for a ``Host`` not in ``ALLOWED_HOSTS`` (OpenAI's shape under ``/v1/``), as
+        the full handler's middleware answers it; else the view's response."""
+        try:
+            request.get_host()
+        except DisallowedHost as exc:
+            logging.getLogger("django.security.DisallowedHost").warning("%s", exc)
+            if request.path.startswith("/v1/"):
+                from gateway.errors import openai_error
+
+                return openai_error(400, "This gateway is not served under that host name (Host header).",
+                                    code="disallowed_host")
+            return HttpResponseBadRequest("Bad Request: this host name is not served here (Host header).\n",
+                                          content_type="text/plain; charset=utf-8")
+        return await self._get_response_async(request)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -62,11 +101,20 @@ class _Split:
 
 lean_asgi = LeanASGIHandler()
 
+
+async def refuse_websocket(scope, receive, send):
+    """A websocket to any path but ``/ws/agent/``: refused (uvicorn answers the handshake
+    403), with no exception — Channels' router raises one, and its traceback on the error
+    log, for every unrouted attempt."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
 router = ProtocolTypeRouter(
     {
         # Bodies are bounded (size, deadline) before either handler sees the request.
         "http": BodyLimits(_Split(lean_asgi, ASGIStaticFilesHandler(django_asgi))),
-        "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi())]),
+        "websocket": URLRouter([path("ws/agent/", AgentConsumer.as_asgi()), re_path(r"", refuse_websocket)]),
     }
 )
 

@@ -255,6 +255,10 @@ LLMGW_USAGE_REPORT_FRESH_S = env_duration_s("USAGE_REPORT_FRESH", 10.0)
 LLMGW_DRAIN_GRACE_S = env_duration_s("DRAIN_GRACE", 30.0)
 LLMGW_UPSTREAM_CONNECT_TIMEOUT_S = env_duration_s("UPSTREAM_CONNECT_TIMEOUT", 5.0)
 LLMGW_UPSTREAM_READ_TIMEOUT_S = env_duration_s("UPSTREAM_READ_TIMEOUT", 600.0)
+#: The largest answer the gateway reads from an engine or external service (decompressed),
+#: and the largest single event of a stream: beyond it the answer is cut off (502, or an
+#: error event), so that no upstream can fill the web process's memory.
+LLMGW_MAX_UPSTREAM_BODY_BYTES = env_int("MAX_UPSTREAM_BODY_BYTES", 256 * 1024 * 1024, minimum=1024)
 # --- bounds on what a client may send (issue 12; enforced by llmgw.limits and llmgw.http) ---
 #: The largest request body under /v1/, in bytes: 413 from Content-Length at once, or as
 #: soon as a streamed (chunked) body passes it, before Django or authentication.

@@ -155,3 +155,45 @@ def test_agent_tokens_are_shown_on_the_answering_page_and_a_rekey_drops_the_old_
     second = answer.content.decode().split('<code class="shown-once">')[1].split("</code>")[0]
     assert second != first and second not in cookies_text(answer)
     assert Agent.authenticate(first) is None and Agent.authenticate(second).name == "gpu-9"
+
+
+def test_admin_list_filters_in_the_query_string_cannot_guess_a_secret(client, django_user_model, external,
+                                                                        cpu_profile):
+    """Django's admin accepts any lookup on a model's own fields in the changelist's query
+    string (``?field__startswith=…``): one that names a secret would be an oracle, the list
+    shrinking to nothing when a guessed prefix is wrong, that a viewer could walk to the whole
+    external provider key or engine key, a character at a time. Such lookups are refused (400)."""
+    from fleet.models import Replica
+
+    agent = Agent.objects.create(name="gpu-1", address="10.0.0.7")
+    replica = Replica.objects.create(model=external, profile=cpu_profile, agent=agent, state="ready", port=20001)
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    for codename, app in (("view_model", "catalog"), ("view_replica", "fleet"), ("view_agent", "fleet"),
+                          ("view_apikey", "gateway"), ("view_apitoken", "fleet")):
+        viewer.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label=app))
+    client.force_login(viewer)
+    before = LogEntry.objects.count()
+    probes = [
+        ("/admin/catalog/model/", f"external_api_key__startswith={KEY[:8]}"),
+        ("/admin/catalog/model/", f"external_api_key={KEY}"),
+        ("/admin/catalog/model/", "external_api_key__gt=sk-p"),
+        ("/admin/catalog/model/", "external_api_key__regex=^sk"),
+        ("/admin/fleet/replica/", f"engine_key__startswith={replica.engine_key[:3]}"),
+        ("/admin/fleet/replica/", f"engine_key__lt={replica.engine_key}"),
+        ("/admin/fleet/replica/", f"ENGINE_KEY__startswith={replica.engine_key[:3]}"),
+        ("/admin/fleet/agent/", f"token_sha256__startswith={agent.token_sha256[:3]}"),
+        ("/admin/gateway/apikey/", "sha256__startswith=a"),
+        ("/admin/fleet/apitoken/", "sha256__startswith=a"),
+    ]
+    for url, query in probes:
+        answer = client.get(f"{url}?{query}")
+        assert answer.status_code == 400 or (answer.status_code == 302 and "e=1" in answer["Location"]), (query,
+                                                                                                      answer.status_code)
+        assert KEY not in answer.content.decode() and replica.engine_key not in answer.content.decode()
+    # The lists themselves and the filters they offer still work.
+    assert client.get("/admin/catalog/model/").status_code == 200
+    assert client.get(f"/admin/fleet/replica/?state=ready&model__id__exact={external.pk}").status_code == 200
+    assert LogEntry.objects.count() == before
+    external.refresh_from_db()
+    replica.refresh_from_db()
+    assert external.external_api_key == KEY

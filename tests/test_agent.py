@@ -367,3 +367,36 @@ def test_an_advertised_name_is_resolved_to_the_address_engines_listen_on():
         resolve_bind_host("no-such-host.invalid")
     assert [probe_host(h) for h in ("0.0.0.0", "::", "10.1.2.3", "fd00::5")] == [
         "127.0.0.1", "[::1]", "10.1.2.3", "[fd00::5]"]
+
+
+@pytest.mark.parametrize("answer", ["0.0.0.0", "::"])
+def test_an_advertised_name_that_resolves_to_every_interface_is_refused(monkeypatch, answer):
+    """A name whose DNS (or hosts file: sinkholes answer 0.0.0.0) says "unspecified" would
+    have engines listen on every interface, which only ``--bind-host 0.0.0.0`` may ask for."""
+    family = socket.AF_INET6 if ":" in answer else socket.AF_INET
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(family, socket.SOCK_STREAM, 6, "", (answer, 0))])
+    with pytest.raises(ValueError, match="every interface"):
+        resolve_bind_host("gpu-1.example.com")
+    with pytest.raises(ValueError, match="every interface"):
+        resolve_bind_host(answer)
+
+
+async def test_a_key_cut_by_the_log_tails_window_does_not_leak_its_end(manager, tmp_path):
+    """The tail reported upstream is the log's last 8 KiB: a key printed just before them
+    would be cut, and its end (not equal to the key, so not masked) reported. The tail
+    starts at a whole line."""
+    key = "K" + "0123456789abcdefghijklmnopqrstuvwxyzABCDEFG" + "Z"
+    half = len(key) // 2
+    pad = 8192 - (len(key) - half) - 1  # the window starts in the middle of the key
+    script = tmp_path / "chatty.py"
+    script.write_text("import sys\n"
+                      f"sys.stdout.write('server_args: --api-key ' + {key!r} + '\\n' + 'z' * {pad - 1} + '\\n')\n"
+                      "sys.exit(3)\n")
+    s = spec(1)
+    s["api_key"] = key
+    s["command"] = f"{sys.executable} {script} --port {{port}} --api-key {{api_key}}"
+    manager.apply([s])
+    await wait_state(manager, 1, S.FAILED)
+    error = manager.engines[1].error
+    assert "zzzz" in error  # the tail is there
+    assert key[half:] not in error and key[-8:] not in error, error[:300]

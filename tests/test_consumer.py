@@ -63,6 +63,21 @@ async def test_no_token_is_refused(watcher_cleanup):
     await ws.disconnect()
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models", "/admin/", "/ws/agent", "/ws/agent/x",
+                                  "/ws//agent/", "/"])
+async def test_a_websocket_to_any_other_path_is_refused_quietly(watcher_cleanup, caplog, path):
+    """A websocket upgrade anywhere but ``/ws/agent/`` is refused (403 to the handshake),
+    not an unhandled exception with a traceback on the error log per attempt (a way for
+    anyone to flood it); nothing is registered."""
+    before = await Agent.objects.acount()
+    ws = WebsocketCommunicator(application, path)
+    connected, code = await ws.connect()
+    assert not connected
+    await ws.disconnect()
+    assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert await Agent.objects.acount() == before
+
+
 async def test_hello_registers_the_inventory(watcher_cleanup):
     agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = communicator(token)

@@ -16,7 +16,7 @@ from catalog.models import Model
 from gateway.models import ApiKey
 from tests.processes import free_port, web_server, wait_until
 from tests.test_gateway import routed_to, serve
-from tests.upstream import SAFE_HEADERS, UNSAFE_HEADERS, RecordingUpstream
+from tests.upstream import SAFE_HEADERS, SPOOFING_HEADERS, UNSAFE_HEADERS, RecordingUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -63,7 +63,8 @@ def servers(django_db_setup, tmp_path_factory):
     logs = tmp_path_factory.mktemp("paths")
     upstream = RecordingUpstream().start()
     port = free_port()
-    web = web_server(port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms"})
+    web = web_server(port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_WATCH_FAST_INTERVAL": "20ms",
+                                      "LLMGW_MAX_UPSTREAM_BODY_BYTES": "65536"})
     yield {"port": port, "url": f"http://127.0.0.1:{port}", "upstream": upstream, "web": web}
     web.stop()
     upstream.stop()
@@ -177,6 +178,29 @@ def test_a_near_miss_path_cannot_dodge_validation(servers, models, key, target, 
     assert servers["upstream"].since(before) == []
 
 
+@pytest.mark.parametrize("host", ["rebound.example.com", "evil.example.com:8000", "127.0.0.1.evil.example.com"])
+def test_a_host_not_allowed_is_refused_under_v1_and_metrics_too(servers, models, key, host):
+    """DNS rebinding: a web page whose name now resolves to the gateway reads what it
+    answers as its own origin. Django checks ``ALLOWED_HOSTS`` only when something asks for
+    the host, and nothing did on ``/v1/`` and ``/metrics`` (no middleware there): so a page
+    could use a gateway without keys (``LLMGW_GATEWAY_AUTH=false``) or read an open
+    ``/metrics``. Both refuse such a host (400) before any key or upstream work."""
+    upstream = servers["upstream"]
+    before = upstream.count()
+    for model in ("rep", "ext"):
+        r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI}, key, headers={"Host": host})
+        assert r.status_code == 400, (host, model, r)
+        assert r.body["error"]["code"] == "disallowed_host" and "x-llmgw-replica" not in r.headers, r
+    assert post(servers, "/v1/models", {}, key, headers={"Host": host}, method="GET").status_code == 400
+    metrics = post(servers, "/metrics", {}, None, headers={"Host": host}, method="GET")
+    assert metrics.status_code == 400 and "llmgw_" not in str(metrics.body), metrics
+    assert upstream.since(before) == []
+    # The names it is reached by still work.
+    assert post(servers, "/v1/chat/completions", {"model": "rep", "messages": HI}, key,
+                headers={"Host": f"localhost:{servers['port']}"}).status_code == 200
+    assert post(servers, "/metrics", {}, None, method="GET").status_code == 200
+
+
 # --- external models: key, endpoints, organization ----------------------------------------------
 
 
@@ -193,6 +217,31 @@ def test_the_external_key_goes_only_to_the_endpoints_the_model_allows(servers, m
     seen = upstream.since(before)
     assert [(s["target"], s["headers"].get("authorization")) for s in seen] == [
         ("/v1/chat/completions", f"Bearer {OPERATOR_KEY}")]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "ext", "messages": [{"role": "user", "content": "x"}], "model": "ext-chat"}',
+    b'{"model": "ext-chat", "messages": [{"role": "user", "content": "x"}], "model": "ext"}',
+    b'{"model": "ext-chat", "messages": [{"role": "user", "content": "x", "role": "system"}]}',
+])
+def test_a_body_with_a_duplicated_name_is_a_400_that_goes_nowhere(servers, models, raw):
+    """The gateway reads the last of two ``"model"`` values, a provider's parser may read
+    the first: a key allowed one model would get another, at the operator's expense. A JSON
+    object with a name twice (at any depth) is refused before any upstream."""
+    _, narrow = ApiKey.create_key("narrow", ["ext-chat"])
+    upstream = servers["upstream"]
+    before = upstream.count()
+    conn = http.client.HTTPConnection("127.0.0.1", servers["port"], timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=raw,
+                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {narrow}"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 400 and answer["error"]["code"] == "invalid_json", answer
+    assert "twice" in answer["error"]["message"]
+    assert upstream.since(before) == []
 
 
 def test_a_replica_restricted_to_some_endpoints_serves_only_those(servers, models, key):
@@ -228,6 +277,18 @@ def test_an_external_model_that_allows_it_gets_the_organization_headers(servers,
     assert seen["headers"]["authorization"] == f"Bearer {OPERATOR_KEY}"
 
 
+def test_an_unreachable_external_service_is_a_502_that_does_not_name_its_address(servers, models, key):
+    """The provider's address (an internal host name, a port) is the operator's to know:
+    the client gets the model's name, the web process's log gets the address."""
+    closed = free_port()
+    Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{closed}/v1")
+    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
+    assert r.status_code == 502 and r.body["error"]["code"] == "upstream_unreachable", r
+    assert str(closed) not in r.body["error"]["message"] and "127.0.0.1" not in r.body["error"]["message"]
+    assert "'ext'" in r.body["error"]["message"]
+    wait_until(lambda: str(closed) in servers["web"].log(), timeout_s=5, what="the address in the web log")
+
+
 # --- response headers --------------------------------------------------------------------------
 
 
@@ -242,12 +303,143 @@ def test_upstream_cookies_and_session_headers_never_reach_the_client(servers, mo
         assert r.headers.get(name.lower()) == value
 
 
+@pytest.mark.parametrize("model, stream", [("rep", False), ("ext", False), ("rep", True), ("ext", True)])
+def test_upstream_redirects_and_the_gateways_own_headers_never_come_from_upstream(servers, models, key, model,
+                                                                                  stream):
+    """An upstream cannot send the client elsewhere under the gateway's name (``Location``,
+    ``Refresh``, ``Link`` preloads) nor speak for the gateway (``X-Llmgw-*``)."""
+    r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI, "stream": stream}, key)
+    assert r.status_code == 200, r
+    for name in ("location", "content-location", "refresh", "link", "x-llmgw-anything"):
+        assert name not in r.headers, (name, r.headers)
+    assert r.headers["x-llmgw-replica"] != SPOOFING_HEADERS["X-Llmgw-Replica"]
+    assert r.headers.get("x-llmgw-overhead-ms") != SPOOFING_HEADERS["X-Llmgw-Overhead-Ms"]
+    # Whatever an upstream answers is never run by a browser under the gateway's (and the admin's) origin.
+    assert r.headers["x-content-type-options"] == "nosniff" and "sandbox" in r.headers["content-security-policy"]
+    for name, value in SAFE_HEADERS.items():
+        assert r.headers.get(name.lower()) == value
+
+
+class RawHeaderUpstream:
+    """An upstream whose answers carry a header value that is not text (bytes ``ff fe``):
+    aiohttp hands it over as surrogates, which no response header can carry."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), b"0"))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                try:
+                    conn.sendall(self.answer(rest))
+                except OSError:
+                    pass  # the gateway hung up (it read enough)
+
+    def answer(self, request_body: bytes) -> bytes:
+        if b'"stream": true' in request_body:
+            ctype, body = b"text/event-stream", b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+        else:
+            ctype, body = b"application/json", b'{"id": "c1", "object": "chat.completion", "choices": []}'
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: " + str(len(body)).encode()
+                + b"\r\nX-Bad: \xff\xfe\r\nX-Request-Id: r1\r\nConnection: close\r\n\r\n" + body)
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_header_that_is_not_text_is_dropped_not_a_500(servers, models, key, stream):
+    """Before, Django refused to set it: a 500 in HTML under /v1/ and, for a stream, the
+    replica counted busy forever. Now the header is left out and the answer relayed."""
+    upstream = RawHeaderUpstream()
+    try:
+        external("ext-raw", f"http://127.0.0.1:{upstream.port}/v1")
+        r = post(servers, "/v1/chat/completions", {"model": "ext-raw", "messages": HI, "stream": stream}, key)
+        assert r.status_code == 200, r
+        assert "x-bad" not in r.headers and r.headers.get("x-request-id") == "r1"
+        assert ("[DONE]" in r.body) if stream else (r.body["object"] == "chat.completion")
+    finally:
+        upstream.stop()
+
+
+class HugeUpstream(RawHeaderUpstream):
+    """Answers far over the gateway's upstream limit (64 KiB in these tests): a gzip answer
+    that unpacks to 4 MiB, or a stream whose one event never ends."""
+
+    def answer(self, request_body: bytes) -> bytes:
+        import gzip
+
+        if b'"stream": true' in request_body:
+            body = b'data: {"choices": [], "x": "' + b"a" * (4 * 1024 * 1024)
+            return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "
+                    + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        body = gzip.compress(b'{"id": "c1", "object": "chat.completion", "x": "' + b"a" * (4 * 1024 * 1024) + b'"}')
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_answer_over_the_limit_is_cut_off_not_buffered(servers, models, key, stream):
+    """No engine or provider fills the web process's memory: an answer (decompressed) or a
+    stream's event over ``LLMGW_MAX_UPSTREAM_BODY_BYTES`` ends in a 502 / an error event."""
+    upstream = HugeUpstream()
+    try:
+        external("ext-huge", f"http://127.0.0.1:{upstream.port}/v1")
+        r = post(servers, "/v1/chat/completions", {"model": "ext-huge", "messages": HI, "stream": stream}, key)
+        if stream:
+            assert r.status_code == 200 and "upstream_stream_broken" in r.body and len(r.body) < 65536, str(r)[:300]
+        else:
+            assert r.status_code == 502 and r.body["error"]["code"] == "upstream_error", r
+            assert "TooLarge" in r.body["error"]["message"]
+    finally:
+        upstream.stop()
+
+
 def test_an_upstream_error_keeps_its_status_but_not_its_cookies(servers, models, key):
     # The recording upstream answers 404 {"detail": ...} for a path it does not serve; the
     # gateway never sends one there, so make the model's endpoint exist here but not there.
     Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['upstream'].port}/nowhere")
     r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
     assert r.status_code == 404 and r.set_cookie is None and "www-authenticate" not in r.headers
+
+
+async def test_an_internal_error_under_v1_is_a_500_in_openais_shape(monkeypatch):
+    """Whatever fails inside the gateway, a client under /v1/ reads OpenAI's error shape, and
+    the traceback goes to the log (not to the client)."""
+    from channels.testing import HttpCommunicator
+
+    from gateway import proxy
+    from llmgw.asgi import application
+
+    async def broken(request, endpoint):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(proxy, "proxy", broken)
+    communicator = HttpCommunicator(application, "POST", "/v1/chat/completions", body=b"{}",
+                                    headers=[(b"host", b"127.0.0.1"), (b"content-type", b"application/json")])
+    answer = await communicator.get_response(timeout=10)
+    body = json.loads(answer["body"])
+    assert answer["status"] == 500 and body["error"]["code"] == "internal_error", answer
+    assert "secret internal detail" not in answer["body"].decode()
 
 
 # --- the catalog's side --------------------------------------------------------------------------

@@ -22,6 +22,16 @@ UNSAFE_HEADERS = {
     "OpenAI-Organization": "org-operator",
 }
 SAFE_HEADERS = {"X-Request-Id": "req-upstream-1", "OpenAI-Processing-Ms": "7"}
+#: Headers that would send the client elsewhere, or pass for the gateway's own.
+SPOOFING_HEADERS = {
+    "Location": "https://evil.example.com/v1/chat/completions",
+    "Content-Location": "https://evil.example.com/",
+    "Refresh": "0; url=https://evil.example.com/",
+    "Link": "<https://evil.example.com/x.js>; rel=preload; as=script",
+    "X-Llmgw-Replica": "999@upstream-says",
+    "X-Llmgw-Overhead-Ms": "123456.00",
+    "X-Llmgw-Anything": "upstream",
+}
 
 
 class RecordingUpstream:
@@ -71,7 +81,7 @@ class RecordingUpstream:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
-                for name, value in {**UNSAFE_HEADERS, **SAFE_HEADERS}.items():
+                for name, value in {**UNSAFE_HEADERS, **SAFE_HEADERS, **SPOOFING_HEADERS}.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)

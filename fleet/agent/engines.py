@@ -161,18 +161,22 @@ def engine_environment(inherited: dict[str, str], profile_env: dict[str, str] | 
 
 def resolve_bind_host(address: str) -> str:
     """The IP address to listen on for an advertised ``address`` (an IP, or a host name,
-    resolved to its first address); ValueError if a name does not resolve."""
+    resolved to its first address); ValueError if a name does not resolve, or if it is
+    (or resolves to) the unspecified address: every interface is ``--bind-host``'s to ask."""
     address = address.strip().strip("[]")
     try:
         ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 address may carry a %zone
-        return address
+        resolved = address
     except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise ValueError(f"cannot resolve the advertised address {address!r}: {exc}") from exc
-    return infos[0][4][0]
+        try:
+            infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise ValueError(f"cannot resolve the advertised address {address!r}: {exc}") from exc
+        resolved = infos[0][4][0]
+    if ipaddress.ip_address(resolved.split("%", 1)[0]).is_unspecified:
+        raise ValueError(f"the advertised address {address!r} is {resolved}, every interface: engines listen "
+                         "there only with --bind-host 0.0.0.0")
+    return resolved
 
 
 def probe_host(host: str) -> str:
@@ -258,16 +262,27 @@ class Engine:
         return process_alive(self.pid, self.start_time)
 
     def log_tail(self, lines: int = 15) -> str:
+        """The log's last ``lines`` lines, within its last 8 KiB, each whole: a line cut by
+        the window is left out (a key printed on it would be cut too, and its end would
+        pass the masking of the whole key)."""
         if self.log_path is None:
             return ""
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 8192))
-                text = fh.read().decode("utf-8", "replace")
+                start = max(0, fh.tell() - 8192)
+                if start:
+                    fh.seek(start - 1)  # the byte before the window: is its first line whole?
+                    whole = fh.read(1) == b"\n"
+                else:
+                    fh.seek(0)
+                    whole = True
+                data = fh.read()
         except OSError:
             return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        if not whole:
+            data = data.partition(b"\n")[2]
+        return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
 
 
 class EngineManager:
