@@ -220,7 +220,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except protocol.ProtocolError as exc:
             await self._error(str(exc))
             return
-        if message["type"] in ("heartbeat", "status") and not await self._token_still_valid():
+        if not await self._token_still_valid():  # every type: a stale hello would move its address
             await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
         try:
@@ -232,7 +232,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _token_still_valid(self) -> bool:
         """Re-check the token at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds (the
-        level-triggered side of revocation, for re-keys no channel layer delivered)."""
+        level-triggered side of revocation, for re-keys no channel layer delivered): before
+        any message of the agent is applied and before anything is sent to it. A silent
+        agent is covered by the watcher's sweep (``fleet.live.Watcher``)."""
+        if self._closed:
+            return False
         now = time.monotonic()
         if now - self._checked_at < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
             return True
@@ -254,6 +258,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Send the full desired set if it moved since the last one sent (or if forced)."""
         if self._closed:
             return
+        if not await self._token_still_valid():  # a desired set carries engine keys
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
+            return
         assign = await database_sync_to_async(reports.desired_set)(self.agent_id)
         if force or assign["generation"] != self.sent_generation:
             self.sent_generation = assign["generation"]
@@ -271,6 +278,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_restart(self) -> None:
         if self._closed:
+            return
+        if not await self._token_still_valid():
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
         log.info("asking agent %s to restart", self.agent_name)
         await self.send_json(protocol.restart_agent())

@@ -237,6 +237,49 @@ async def test_without_a_layer_reaching_it_the_heartbeat_recheck_drops_a_rekeyed
     assert await is_refused(old_token)
 
 
+async def test_a_rekeyed_agent_cannot_move_its_address_with_a_hello(watcher_cleanup, monkeypatch, settings):
+    """Re-keyed in another process (no event): a hello from the old session is not recorded
+    (its address would redirect the gateway's traffic) and closes the socket."""
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    agent, old_token, ws = await connected_agent()
+    await sync_to_async(agent.rekey)()
+    await ws.send_json_to(hello(address="10.6.6.6", inventory={"gpus": [], "cpu_cores": 1, "memory_mib": 1}))
+    assert await close_code(ws) == consumers.REVOKED_CLOSE_CODE
+    await ws.disconnect()
+    row = await Agent.objects.aget(pk=agent.pk)
+    assert not row.connected and row.address == "10.0.0.5" and row.cpu_cores == 32
+    assert await Gpu.objects.filter(agent=agent).acount() == 2
+
+
+async def test_a_silent_rekeyed_agent_is_dropped_and_gets_no_more_assignments(
+        make_model, watcher_cleanup, monkeypatch, settings):
+    """Re-keyed in another process, an agent that sends nothing is closed by the watcher's
+    sweep, and a desired set that moves meanwhile (engine keys) is not sent to it."""
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    agent, old_token, ws = await connected_agent()
+    await sync_to_async(agent.rekey)()
+    await sync_to_async(make_model)("m", min_replicas=1)
+    await sync_to_async(reconcile)()
+    assert await Replica.objects.filter(agent=agent).aexists()  # its desired set moved
+    sent = []
+    while True:
+        output = await ws.receive_output(timeout=10)
+        if output["type"] == "websocket.close":
+            break
+        sent.append(output)
+    assert output.get("code") == consumers.REVOKED_CLOSE_CODE
+    assert not [o for o in sent if '"api_key"' in (o.get("text") or "")]  # no replica (nor its key) sent
+    await ws.disconnect()
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+    assert await is_refused(old_token)
+
+
 async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
     agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = WebsocketCommunicator(application, f"/ws/agent/?token={token}")
@@ -257,6 +300,10 @@ async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
     "http://10.0.0.5", "10.0.0.5/v1", "root@10.0.0.5", "10.0.0.5:8080", "gpu 1", "evil.com#", "a" * 254,
     "x" * 64 + ".example.com", "[::1]", "0.0.0.0", "::", "169.254.169.254", "224.0.0.1", "-gpu", "1.2.3",
     "127.0.0.1", "localhost", "::ffff:127.0.0.1",  # loopback, from an agent that did not connect over loopback
+    # IPv4 in the notations resolvers accept (glibc inet_aton, WHATWG), loopback and metadata
+    "0x7f000001", "0x7f.0x1", "127.0.0.0x1", "0xa9fea9fe", "2130706433", "127.0.0.1.", "0x7f.1",
+    "ip6-localhost", "localhost.localdomain", "gpu.localhost",  # loopback names of /etc/hosts, RFC 6761
+    "::127.0.0.1", "fe80::1%eth0", "2001:db8::1%eth0",  # IPv4-compatible IPv6, zones
 ])
 async def test_a_hello_with_a_bad_address_is_refused_and_records_nothing(address, watcher_cleanup, caplog):
     from fleet.consumers import BAD_HELLO_CLOSE_CODE
