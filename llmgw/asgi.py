@@ -6,7 +6,10 @@ no middleware chain (sessions, CSRF, auth, messages… are of no use to the gate
 csrf-exempt, session-less views and cost a thread hop each) and no new worker thread per
 request (``ThreadSensitiveContext``): the few sync calls left (Django's request signals,
 the database fallback of ``gateway.cache``) share one thread. Only the database-unavailable
-answer (503 + Retry-After instead of 500) is kept. Everything else (admin, API, dashboard)
+answer (503 + Retry-After instead of 500) is kept, and so is the ``Host`` check
+(``ALLOWED_HOSTS``), which Django makes only when something calls ``request.get_host()``
+(a middleware, usually): without it a page on any domain that resolves to this server
+(DNS rebinding) could read ``/metrics`` or use ``/v1/`` from a browser on the operator's network. Everything else (admin, API, dashboard)
 keeps the full handler. In front of both, ``llmgw.limits.BodyLimits`` reads each request
 body within its size limit and deadline (413 / 408 before any Django work).
 """
@@ -27,6 +30,7 @@ from django.urls import path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
+from llmgw.logfilters import install_access_log_redaction  # noqa: E402
 from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
 
 LEAN_PREFIXES = ("/v1/", "/metrics")
@@ -39,7 +43,24 @@ class LeanASGIHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = [DatabaseUnavailableMiddleware(None).process_exception]
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._middleware_chain = convert_exception_to_response(self._host_checked)
+
+    async def _host_checked(self, request):
+        """400 for a ``Host`` not in ``ALLOWED_HOSTS`` (OpenAI's error shape under /v1/),
+        else the view's response."""
+        from django.core.exceptions import DisallowedHost
+        from django.http import HttpResponse
+
+        try:
+            request.get_host()
+        except DisallowedHost:
+            message = "Invalid Host header: this server does not serve that name (LLMGW_ALLOWED_HOSTS)."
+            if request.path.startswith("/v1/"):
+                from gateway.errors import openai_error
+
+                return openai_error(400, message, code="invalid_host")
+            return HttpResponse(message + "\n", status=400, content_type="text/plain")
+        return await self._get_response_async(request)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -60,6 +81,7 @@ class _Split:
         return await self.full(scope, receive, send)
 
 
+install_access_log_redaction()  # no ?token=… in uvicorn's access log
 lean_asgi = LeanASGIHandler()
 
 router = ProtocolTypeRouter(

@@ -296,6 +296,22 @@ async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
     await ws.disconnect()
 
 
+def test_a_token_in_a_url_never_reaches_the_access_log():
+    """uvicorn logs every request line with its query string; a token or key a client put
+    there (refused anyway) is blanked by the filter llmgw.asgi installs."""
+    import llmgw.asgi  # noqa: F401 (installs the filter)
+
+    token = "llmgw-agent-AbCdEf0123456789-secret"
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", f"/ws/agent/?v=1&token={token}&api_key=k1&ok=2", "1.1", 403),
+                               None)
+    for f in logging.getLogger("uvicorn.access").filters:
+        f.filter(record)
+    line = record.getMessage()
+    assert token not in line and "k1" not in line
+    assert "token=[redacted]" in line and "api_key=[redacted]" in line and "v=1" in line and "ok=2" in line
+
+
 @pytest.mark.parametrize("address", [
     "http://10.0.0.5", "10.0.0.5/v1", "root@10.0.0.5", "10.0.0.5:8080", "gpu 1", "evil.com#", "a" * 254,
     "x" * 64 + ".example.com", "[::1]", "0.0.0.0", "::", "169.254.169.254", "224.0.0.1", "-gpu", "1.2.3",
@@ -332,10 +348,12 @@ async def test_loopback_and_host_names_are_accepted_where_they_are_true(watcher_
     ws.scope["client"] = ("10.9.8.7", 40000)
     assert (await ws.connect())[0]
     await ws.send_json_to(hello(name="gpu-2", address="gpu-2.cluster.example"))
-    await receive_type(ws, "assign")
+    await ws.send_json_to({"type": "bogus", "v": 1})  # answered after the hello was applied
+    await receive_type(ws, "error")
     assert (await Agent.objects.aget(pk=agent.pk)).address == "gpu-2.cluster.example"
     await ws.send_json_to(hello(name="gpu-2", address=""))  # not advertised: accepted, stored empty
-    await receive_type(ws, "assign")
+    await ws.send_json_to({"type": "bogus", "v": 1})  # answered after the hello was applied
+    await receive_type(ws, "error")
     assert (await Agent.objects.aget(pk=agent.pk)).address == ""
     await ws.disconnect()
 

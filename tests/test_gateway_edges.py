@@ -217,7 +217,7 @@ def test_an_external_models_request_is_sent_as_the_client_wrote_it(oai, servers)
 def test_a_client_that_disconnects_cancels_the_upstream_request(servers, key, models):
     with socket.create_connection(("127.0.0.1", servers["ports"]["web"])) as sock:
         body = json.dumps({"model": "slow", "stream": True, "messages": HI}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         assert b"tok" in sock.recv(4096) + sock.recv(4096)
     wait_until(lambda: any(r["event"] == "cancelled" for r in records(servers, "slow")), timeout_s=5,
