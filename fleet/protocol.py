@@ -213,14 +213,18 @@ def check_address(address: Any, *, peer_is_loopback: bool) -> str:
     return address
 
 
-def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
+def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, optional: bool = False,
+             where: str = "") -> None:
+    """Check ``message[key]``; ``where`` names a nested object in the error (``inventory``,
+    ``inventory.gpus[]``, ``replicas[]``), else the message's type."""
+    where = where or str(message.get("type"))
     if key not in message:
         if optional:
             return
-        raise ProtocolError(f"{message.get('type')}: {key!r} is missing")
+        raise ProtocolError(f"{where}: {key!r} is missing")
     value = message[key]
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise ProtocolError(f"{message.get('type')}: {key!r} must be {what}, not {type(value).__name__}")
+        raise ProtocolError(f"{where}: {key!r} must be {what}, not {type(value).__name__}")
 
 
 def _check_inventory(message: dict, *, optional: bool) -> None:
@@ -229,8 +233,8 @@ def _check_inventory(message: dict, *, optional: bool) -> None:
     _require(message, "inventory", (dict,), "an object")
     inventory = message["inventory"]
     for key in ("cpu_cores", "memory_mib"):
-        _require(inventory, key, (int,), "an integer", optional=True)
-    _require(inventory, "gpus", (list,), "a list", optional=True)
+        _require(inventory, key, (int,), "an integer", optional=True, where="inventory")
+    _require(inventory, "gpus", (list,), "a list", optional=True, where="inventory")
     gpus = inventory.get("gpus") or []
     if len(gpus) > MAX_GPUS:
         raise ProtocolError(f"inventory lists {len(gpus)} GPUs (at most {MAX_GPUS})")
@@ -238,9 +242,9 @@ def _check_inventory(message: dict, *, optional: bool) -> None:
         if not isinstance(gpu, dict):
             raise ProtocolError("inventory: every GPU must be an object")
         for key in ("index", "memory_total_mib", "memory_used_mib"):
-            _require(gpu, key, (int,), "an integer", optional=True)
+            _require(gpu, key, (int,), "an integer", optional=True, where="inventory.gpus[]")
         for key in ("uuid", "name"):
-            _require(gpu, key, (str,), "a string", optional=True)
+            _require(gpu, key, (str,), "a string", optional=True, where="inventory.gpus[]")
 
 
 def _check_replicas(message: dict) -> None:
@@ -251,15 +255,15 @@ def _check_replicas(message: dict) -> None:
     for report in reports:
         if not isinstance(report, dict):
             raise ProtocolError("every replica report must be an object")
-        _require(report, "replica_id", (int,), "an integer")
-        _require(report, "state", (str,), "a string", optional=True)
+        _require(report, "replica_id", (int,), "an integer", where="replicas[]")
+        _require(report, "state", (str,), "a string", optional=True, where="replicas[]")
         for key, kinds, what in (("error", (str,), "a string or null"), ("pid", (int,), "an integer or null"),
                                  ("port", (int,), "an integer or null"),
                                  ("running", (int, float), "a number or null"),
                                  ("waiting", (int, float), "a number or null"),
                                  ("progress", (int, float), "a number or null")):
             if report.get(key) is not None:
-                _require(report, key, kinds, what)
+                _require(report, key, kinds, what, where="replicas[]")
 
 
 def check_fields(message: dict) -> dict:

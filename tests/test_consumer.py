@@ -410,7 +410,7 @@ async def test_binary_frames_and_pathological_json_are_answered_and_the_consumer
     for frame in frames:
         await ws.send_input({"type": "websocket.receive", **frame})
         reply = await receive_type(ws, "error")
-        assert reply["message"], frame
+        assert reply["message"] and not reply["message"].startswith("None"), frame  # names where it is
     # Nothing of it was recorded, and the agent is still connected.
     row = await Agent.objects.aget(pk=agent.pk)
     assert row.connected and row.cpu_cores == 4 and row.address == "10.0.0.5" and row.name == "cpu-1"
