@@ -176,6 +176,9 @@ class Watcher:
     def __init__(self) -> None:
         self.view = View()
         self.agents: dict[int, Pushable] = {}
+        #: Every agent consumer of this process, including an older socket of an agent that
+        #: connected twice (``agents`` holds the newest): the token sweep closes them all.
+        self.consumers: set[Pushable] = set()
         self.holders = 0
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -216,8 +219,10 @@ class Watcher:
     # -- agents ----------------------------------------------------------------------------
     def register_agent(self, consumer: Pushable) -> None:
         self.agents[consumer.agent_id] = consumer
+        self.consumers.add(consumer)
 
     def unregister_agent(self, consumer: Pushable) -> None:
+        self.consumers.discard(consumer)
         if self.agents.get(consumer.agent_id) is consumer:
             del self.agents[consumer.agent_id]
 
@@ -301,12 +306,13 @@ class Watcher:
         """Every ``LLMGW_AGENT_TOKEN_RECHECK``: close the websocket of every agent here whose
         token was re-keyed or whose row was deleted, whether or not it sends anything."""
         now = time.monotonic()
-        if not self.agents or now - self._last_token_sweep < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
+        if not self.consumers or now - self._last_token_sweep < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
             return
         self._last_token_sweep = now
-        current = await sync_to_async(_token_hashes, thread_sensitive=False)(list(self.agents))
-        for agent_id, consumer in list(self.agents.items()):
-            held = getattr(consumer, "token_sha256", "")
+        consumers = list(self.consumers)
+        current = await sync_to_async(_token_hashes, thread_sensitive=False)(list({c.agent_id for c in consumers}))
+        for consumer in consumers:
+            agent_id, held = consumer.agent_id, getattr(consumer, "token_sha256", "")
             if held and current.get(agent_id) != held:
                 try:
                     await consumer.agent_revoked({"type": "agent.revoked"})

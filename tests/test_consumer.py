@@ -280,6 +280,25 @@ async def test_a_silent_rekeyed_agent_is_dropped_and_gets_no_more_assignments(
     assert await is_refused(old_token)
 
 
+async def test_every_socket_of_an_agent_that_connected_twice_is_dropped_on_rekey(
+        watcher_cleanup, monkeypatch, settings):
+    """Two sockets with one token (the watcher pushes to the newest): after a re-key made
+    in another process both close without sending anything, the older one too."""
+    from fleet import consumers
+
+    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    agent, token, first = await connected_agent()
+    second = communicator(token)
+    assert (await second.connect())[0]
+    await sync_to_async(agent.rekey)()
+    assert await close_code(first) == consumers.REVOKED_CLOSE_CODE
+    assert await close_code(second) == consumers.REVOKED_CLOSE_CODE
+    await first.disconnect()
+    await second.disconnect()
+    assert not (await Agent.objects.aget(pk=agent.pk)).connected
+
+
 async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
     agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = WebsocketCommunicator(application, f"/ws/agent/?token={token}")
