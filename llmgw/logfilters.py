@@ -22,10 +22,11 @@ class SkipGatewayAnswers(logging.Filter):
 
 class RedactQuerySecrets(logging.Filter):
     """Blank the values of secret-looking query parameters (``?token=``, ``api_key=``,
-    ``key=``, ``password=``, ``access_token=``…) in uvicorn's access-log lines: llmgw reads
+    ``key=``, ``password=``, ``access_token=``…) in uvicorn's request lines (``uvicorn.access``
+    for HTTP, ``uvicorn.error`` for websockets: ``"WebSocket /ws/agent/?token=…" 403``): llmgw reads
     tokens and keys only from headers and refuses them in a URL, but a client that put one
     there anyway (an old agent, a script) must not leave it in the log (issue 12, "agent
-    tokens never in a log line"). Installed on ``uvicorn.access`` by ``llmgw.asgi``."""
+    tokens never in a log line"). Installed on both loggers by ``llmgw.asgi``."""
 
     PATTERN = re.compile(r"(?i)([?&][^=&#\s]*(?:token|key|password|secret|auth)[^=&#\s]*=)[^&#\s]*")
 
@@ -39,7 +40,8 @@ class RedactQuerySecrets(logging.Filter):
 
 
 def install_access_log_redaction() -> None:
-    """Add :class:`RedactQuerySecrets` to uvicorn's access logger (once)."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactQuerySecrets) for f in logger.filters):
-        logger.addFilter(RedactQuerySecrets())
+    """Add :class:`RedactQuerySecrets` to uvicorn's request-line loggers (once each)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactQuerySecrets) for f in logger.filters):
+            logger.addFilter(RedactQuerySecrets())

@@ -329,6 +329,12 @@ def test_a_token_in_a_url_never_reaches_the_access_log():
     line = record.getMessage()
     assert token not in line and "k1" not in line
     assert "token=[redacted]" in line and "api_key=[redacted]" in line and "v=1" in line and "ok=2" in line
+    # websocket handshakes are logged by uvicorn.error: '%s - "WebSocket %s" %d'
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" %d',
+                               ("127.0.0.1:5", f"/ws/agent/?token={token}", 403), None)
+    for f in logging.getLogger("uvicorn.error").filters:
+        f.filter(record)
+    assert token not in record.getMessage() and "token=[redacted]" in record.getMessage()
 
 
 @pytest.mark.parametrize("address", [
