@@ -99,6 +99,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     #: The hash of the token it connected with: a re-key or delete makes it stale.
     token_sha256: str = ""
     _checked_at: float = 0.0
+    _hello_at: float | None = None
     _closed: bool = False
     _cleaned: bool = False
 
@@ -223,6 +224,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if not await self._token_still_valid():  # every type: a stale hello would move its address
             await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
+        if message["type"] == "hello":
+            now = time.monotonic()
+            if self._hello_at is not None and now - self._hello_at < settings.LLMGW_AGENT_HELLO_INTERVAL_S:
+                await self._error(f"hello repeated within {settings.LLMGW_AGENT_HELLO_INTERVAL_S:g} s: not applied "
+                                  "(each one queues a reconcile pass; one per connection is enough)")
+                return
+            self._hello_at = now
         try:
             await self._handle(message)
         except Exception:  # a bad report must not cost the agent its connection

@@ -299,6 +299,23 @@ async def test_every_socket_of_an_agent_that_connected_twice_is_dropped_on_rekey
     assert not (await Agent.objects.aget(pk=agent.pk)).connected
 
 
+async def test_a_flood_of_hellos_is_answered_not_applied(watcher_cleanup, monkeypatch):
+    """Each applied hello queues a reconcile pass: one connection may not make the worker
+    run hundreds. Hellos within LLMGW_AGENT_HELLO_INTERVAL of the last one are answered."""
+    from fleet import reports
+
+    agent, token, ws = await connected_agent()
+    passes = []
+    monkeypatch.setattr(reports, "request_pass", lambda: passes.append(1))
+    for _ in range(20):
+        await ws.send_json_to(hello(address="10.0.0.77"))
+    errors = [await receive_type(ws, "error") for _ in range(20)]
+    assert all("hello repeated" in e["message"] for e in errors)
+    assert passes == [] and (await Agent.objects.aget(pk=agent.pk)).address == "10.0.0.5"
+    assert (await Agent.objects.aget(pk=agent.pk)).connected  # the connection stays
+    await ws.disconnect()
+
+
 async def test_a_token_in_the_query_string_is_refused(watcher_cleanup, caplog):
     agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = WebsocketCommunicator(application, f"/ws/agent/?token={token}")
@@ -364,7 +381,8 @@ async def test_a_hello_with_a_bad_address_is_refused_and_records_nothing(address
     assert not await Gpu.objects.filter(agent=agent).aexists()
 
 
-async def test_loopback_and_host_names_are_accepted_where_they_are_true(watcher_cleanup):
+async def test_loopback_and_host_names_are_accepted_where_they_are_true(watcher_cleanup, settings):
+    settings.LLMGW_AGENT_HELLO_INTERVAL_S = 0.0  # several hellos on one connection
     agent, _, ws = await connected_agent(address="127.0.0.1")  # no client address: in-process, local
     assert (await Agent.objects.aget(pk=agent.pk)).address == "127.0.0.1"
     await ws.disconnect()
