@@ -27,6 +27,7 @@ from catalog.api import int_param
 from catalog.models import Model
 from fleet import auth_throttle
 from fleet.models import Agent, ApiToken, Replica
+from fleet.shown_once import shown_once_api_response
 from fleet.operations import (
     cluster_status,
     drain_agent,
@@ -90,7 +91,7 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         serializer.is_valid(raise_exception=True)
         agent, token = Agent.create_with_token(serializer.validated_data["name"])
         agent.token = token
-        return Response(AgentCreatedSerializer(agent).data, status=status.HTTP_201_CREATED)
+        return shown_once_api_response(AgentCreatedSerializer(agent).data, status=status.HTTP_201_CREATED)
 
     def _answer(self, agent: Agent, changed: bool, moved: int = 0) -> Response:
         return Response({"agent": agent.name, "cordoned": agent.cordoned, "changed": changed,
@@ -127,7 +128,7 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         the agent's live websocket is closed (it reconnects with the new token)."""
         agent = self.get_object()
         agent.token = agent.rekey()
-        return Response(AgentCreatedSerializer(agent).data)
+        return shown_once_api_response(AgentCreatedSerializer(agent).data)
 
 
 class ReplicaPagination(LimitOffsetPagination):
@@ -227,4 +228,4 @@ class ObtainToken(APIView):
         if not serializer.is_valid():
             raise ValidationError(serializer.errors)  # a failure: it stays counted
         attempt.succeeded()
-        return Response({"token": ApiToken.issue(serializer.validated_data["user"])})
+        return shown_once_api_response({"token": ApiToken.issue(serializer.validated_data["user"])})

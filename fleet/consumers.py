@@ -99,6 +99,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     #: The hash of the token it connected with: a re-key or delete makes it stale.
     token_sha256: str = ""
     _checked_at: float = 0.0
+    _hello_at: float | None = None
     _closed: bool = False
     _cleaned: bool = False
 
@@ -220,9 +221,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except protocol.ProtocolError as exc:
             await self._error(str(exc))
             return
-        if message["type"] in ("heartbeat", "status") and not await self._token_still_valid():
+        if not await self._token_still_valid():  # every type: a stale hello would move its address
             await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
+        if message["type"] == "hello":
+            now = time.monotonic()
+            if self._hello_at is not None and now - self._hello_at < settings.LLMGW_AGENT_HELLO_INTERVAL_S:
+                await self._error(f"hello repeated within {settings.LLMGW_AGENT_HELLO_INTERVAL_S:g} s: not applied "
+                                  "(each one queues a reconcile pass; one per connection is enough)")
+                return
+            self._hello_at = now
         try:
             await self._handle(message)
         except Exception:  # a bad report must not cost the agent its connection
@@ -232,7 +240,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _token_still_valid(self) -> bool:
         """Re-check the token at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds (the
-        level-triggered side of revocation, for re-keys no channel layer delivered)."""
+        level-triggered side of revocation, for re-keys no channel layer delivered): before
+        any message of the agent is applied and before anything is sent to it. A silent
+        agent is covered by the watcher's sweep (``fleet.live.Watcher``)."""
+        if self._closed:
+            return False
         now = time.monotonic()
         if now - self._checked_at < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
             return True
@@ -254,6 +266,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Send the full desired set if it moved since the last one sent (or if forced)."""
         if self._closed:
             return
+        if not await self._token_still_valid():  # a desired set carries engine keys
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
+            return
         assign = await database_sync_to_async(reports.desired_set)(self.agent_id)
         if force or assign["generation"] != self.sent_generation:
             self.sent_generation = assign["generation"]
@@ -271,6 +286,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_restart(self) -> None:
         if self._closed:
+            return
+        if not await self._token_still_valid():
+            await self._drop("its token was re-keyed or the agent deleted", REVOKED_CLOSE_CODE)
             return
         log.info("asking agent %s to restart", self.agent_name)
         await self.send_json(protocol.restart_agent())

@@ -8,6 +8,9 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
   cluster's stopped flag;
 * one for the generations of the agents connected to this process → push ``assign`` to
   those whose desired set moved (DESIGN, "Crossing processes");
+* every ``LLMGW_AGENT_TOKEN_RECHECK``, one query for the token hashes of those agents →
+  close the websockets of the re-keyed or deleted ones, silent ones included (issue 12: a
+  re-key in another process reaches no in-memory channel layer);
 * a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``;
 * the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
   registration as a control plane.
@@ -78,10 +81,14 @@ class Pushable(Protocol):
     agent_id: int
     sent_generation: int
     restart_generation: int
+    #: The hash of the token it connected with ("" for consumers that do not check one).
+    token_sha256: str
 
     async def push_assign(self, force: bool = False) -> None: ...
 
     async def send_restart(self) -> None: ...
+
+    async def agent_revoked(self, event: dict) -> None: ...
 
 
 class UsageRecorder:
@@ -169,6 +176,9 @@ class Watcher:
     def __init__(self) -> None:
         self.view = View()
         self.agents: dict[int, Pushable] = {}
+        #: Every agent consumer of this process, including an older socket of an agent that
+        #: connected twice (``agents`` holds the newest): the token sweep closes them all.
+        self.consumers: set[Pushable] = set()
         self.holders = 0
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -178,6 +188,7 @@ class Watcher:
         self._database_away_since: float | None = None
         self._generations: dict[int, tuple[int, int]] = {}
         self._generations_key: tuple | None = None
+        self._last_token_sweep = 0.0
         #: Blocking callables run in each refresh (same worker thread, after the routing
         #: queries); their dicts are merged into ``View.extra``. Other apps (the gateway's
         #: key and catalog cache) register here, so ``fleet`` imports nothing of theirs.
@@ -208,8 +219,10 @@ class Watcher:
     # -- agents ----------------------------------------------------------------------------
     def register_agent(self, consumer: Pushable) -> None:
         self.agents[consumer.agent_id] = consumer
+        self.consumers.add(consumer)
 
     def unregister_agent(self, consumer: Pushable) -> None:
+        self.consumers.discard(consumer)
         if self.agents.get(consumer.agent_id) is consumer:
             del self.agents[consumer.agent_id]
 
@@ -235,6 +248,7 @@ class Watcher:
             try:
                 await self.flush_heartbeats()
                 await self._refresh()
+                await self._sweep_tokens()
                 await self._push_agents()
                 await self.flush_usage()
                 await self._register()
@@ -288,6 +302,23 @@ class Watcher:
             except Exception:
                 log.warning("could not reach agent %s", agent_id, exc_info=True)
 
+    async def _sweep_tokens(self) -> None:
+        """Every ``LLMGW_AGENT_TOKEN_RECHECK``: close the websocket of every agent here whose
+        token was re-keyed or whose row was deleted, whether or not it sends anything."""
+        now = time.monotonic()
+        if not self.consumers or now - self._last_token_sweep < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
+            return
+        self._last_token_sweep = now
+        consumers = list(self.consumers)
+        current = await sync_to_async(_token_hashes, thread_sensitive=False)(list({c.agent_id for c in consumers}))
+        for consumer in consumers:
+            agent_id, held = consumer.agent_id, getattr(consumer, "token_sha256", "")
+            if held and current.get(agent_id) != held:
+                try:
+                    await consumer.agent_revoked({"type": "agent.revoked"})
+                except Exception:
+                    log.warning("could not close the websocket of revoked agent %s", agent_id, exc_info=True)
+
     async def _register(self) -> None:
         """Keep this web process registered as a control plane (for status and restart)."""
         now = time.monotonic()
@@ -335,6 +366,16 @@ def register_web_process() -> None:
         last_seen_at__lt=now - timedelta(seconds=control_plane_stall_s()),
     ).update(started_at=now)
     ControlPlane.heartbeat(ControlPlane.Role.WEB)
+
+
+def _token_hashes(agent_ids: list[int]) -> dict[int, str]:
+    """The current token hash of each of ``agent_ids`` that still exists."""
+    from django.db import close_old_connections
+
+    from fleet.models import Agent
+
+    close_old_connections()
+    return dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "token_sha256"))
 
 
 def _load_view(agent_ids: list[int], previous_key: tuple | None = None,

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from catalog.weights import parse_weights_source
+
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CHUNK = 1024 * 1024
@@ -245,12 +249,26 @@ def parse_range(header: str, size: int) -> ByteRange | None:
 
 
 class _Slice:
-    """At most ``length`` bytes of an open file, from where it stands."""
+    """At most ``length`` bytes of an open file, from where it stands. With
+    ``still_allowed``, asked at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds: once it
+    says no (the agent was re-keyed or deleted), the body ends there, short of its
+    ``Content-Length``, so the server cuts the connection (issue 12, "revocation is
+    immediate everywhere": a download of gigabytes would otherwise outlive the token)."""
 
-    def __init__(self, fh, length: int) -> None:
+    def __init__(self, fh, length: int, still_allowed: Callable[[], bool] | None = None) -> None:
         self.fh, self.left = fh, length
+        self.still_allowed = still_allowed
+        self.checked_at = time.monotonic()
 
     def read(self, n: int = -1) -> bytes:
+        if self.still_allowed is not None and self.left > 0:
+            now = time.monotonic()
+            if now - self.checked_at >= settings.LLMGW_AGENT_TOKEN_RECHECK_S:
+                self.checked_at = now
+                if not self.still_allowed():
+                    log.warning("mirror download stopped: the agent's token was re-keyed or the agent deleted")
+                    self.left = 0
+                    return b""
         n = self.left if n < 0 else min(n, self.left)
         data = self.fh.read(n) if n > 0 else b""
         self.left -= len(data)
@@ -291,7 +309,8 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     Agents only: ``Authorization: Bearer <agent token>``, else 401."""
     from fleet.models import Agent
 
-    if Agent.authenticate(_bearer(request)) is None:
+    agent = Agent.authenticate(_bearer(request))
+    if agent is None:
         response = _error(401, "an agent token is required (Authorization: Bearer TOKEN)", "invalid_agent_token")
         response["WWW-Authenticate"] = 'Bearer realm="llmgw mirror"'
         return response
@@ -309,6 +328,16 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     except OSError:
         return _error(404, f"{file} of mirror {name!r} is missing from the store", "file_not_found")
     size = os.fstat(fh.fileno()).st_size
+
+    def still_allowed() -> bool:  # runs in the streaming thread: its connection is closed after
+        from django.db import connection
+
+        from fleet.reports import token_still_valid
+
+        try:
+            return token_still_valid(agent.pk, agent.token_sha256)
+        finally:
+            connection.close()
     etag = f'"{entry["sha256"]}"'
     try:
         wanted = parse_range(request.headers.get("Range", ""), size)
@@ -321,11 +350,11 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     if wanted is not None and if_range and if_range != etag:
         wanted = None  # the client's partial copy is of other bytes: send the whole file
     if wanted is None:
-        response = WeightsFileResponse(_Slice(fh, size), filename=Path(file).name, status=200)
+        response = WeightsFileResponse(_Slice(fh, size, still_allowed), filename=Path(file).name, status=200)
         response["Content-Length"] = str(size)
     else:
         fh.seek(wanted.start)
-        response = WeightsFileResponse(_Slice(fh, wanted.length), filename=Path(file).name, status=206)
+        response = WeightsFileResponse(_Slice(fh, wanted.length, still_allowed), filename=Path(file).name, status=206)
         response["Content-Length"] = str(wanted.length)
         response["Content-Range"] = f"bytes {wanted.start}-{wanted.end}/{size}"
     response["Accept-Ranges"] = "bytes"

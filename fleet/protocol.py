@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = 1
@@ -135,6 +136,24 @@ MAX_GPUS = 1024
 MAX_REPLICA_REPORTS = 10_000
 
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+_HEX_LABEL = re.compile(r"^0x[0-9a-f]*$", re.IGNORECASE)
+#: Names that resolve to loopback on common systems (/etc/hosts), besides ``*.localhost``.
+_LOOPBACK_NAMES = frozenset({"localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _numeric_ipv4(name: str) -> bool:
+    """Whether a resolver reads ``name`` as an IPv4 address although it is not a dotted
+    quad: ``0x7f000001``, ``0x7f.0x1``, ``127.0.0.0x1`` (glibc's ``inet_aton`` forms, which
+    ``getaddrinfo`` accepts), or a last label that is a number or ``0x…`` (WHATWG URLs)."""
+    last = name.rsplit(".", 1)[-1]
+    if last.isdigit() or _HEX_LABEL.match(last):
+        return True
+    try:
+        socket.inet_aton(name)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def check_address(address: Any, *, peer_is_loopback: bool) -> str:
@@ -149,6 +168,12 @@ def check_address(address: Any, *, peer_is_loopback: bool) -> str:
     (``0.0.0.0``, ``::``), multicast and link-local addresses (``169.254.169.254``: cloud
     metadata) are never an engine's address.
 
+    IPv4 in any notation other than a dotted quad (``0x7f000001``, ``0x7f.1``,
+    ``2130706433``, ``127.1``) is refused, since resolvers read it as an address the checks
+    above never saw; so is a loopback name from ``/etc/hosts`` (``ip6-localhost``, …) from a
+    remote agent. A host name is checked as written, not resolved: what its DNS answers is the
+    operator's to trust.
+
     Returns the address (IPv6 in its compressed form); raises ProtocolError naming the
     rule it broke (issue 12, "agents cannot lie their way in")."""
     if not isinstance(address, str):
@@ -162,8 +187,14 @@ def check_address(address: Any, *, peer_is_loopback: bool) -> str:
     except ValueError:
         ip = None
     if ip is not None:
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.scope_id:
+                raise ProtocolError(f"address {address[:80]!r} has a zone (%…): advertise an address without one")
+            if ip in _IPV4_COMPATIBLE and not ip.is_loopback and not ip.is_unspecified:
+                raise ProtocolError(f"address {address!r} is a deprecated IPv4-compatible IPv6 address: "
+                                    "advertise the IPv4 address itself")
+            if ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
         if ip.is_unspecified or ip.is_multicast or ip.is_link_local:
             raise ProtocolError(f"address {address!r} is not an address engines can be reached at")
         if ip.is_loopback and not peer_is_loopback:
@@ -171,22 +202,29 @@ def check_address(address: Any, *, peer_is_loopback: bool) -> str:
         return str(ip)
     name = address[:-1] if address.endswith(".") else address
     labels = name.split(".")
-    if not name or not all(_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+    if not name or not all(_LABEL.match(label) for label in labels):
         raise ProtocolError(f"address {address[:80]!r} is neither an IP address nor a host name "
                             "(letters, digits, '-' and '.'; no scheme, user, port or path)")
-    if labels[-1].lower() == "localhost" and not peer_is_loopback:
+    if _numeric_ipv4(name):
+        raise ProtocolError(f"address {address[:80]!r} is an IPv4 address in another notation (hex, octal, "
+                            "decimal or short): write it as four decimal numbers, a.b.c.d")
+    if (labels[-1].lower() == "localhost" or name.lower() in _LOOPBACK_NAMES) and not peer_is_loopback:
         raise ProtocolError(f"address {address!r} is loopback, but this agent did not connect over loopback")
     return address
 
 
-def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
+def _require(message: dict, key: str, kinds: tuple[type, ...], what: str, *, optional: bool = False,
+             where: str = "") -> None:
+    """Check ``message[key]``; ``where`` names a nested object in the error (``inventory``,
+    ``inventory.gpus[]``, ``replicas[]``), else the message's type."""
+    where = where or str(message.get("type"))
     if key not in message:
         if optional:
             return
-        raise ProtocolError(f"{message.get('type')}: {key!r} is missing")
+        raise ProtocolError(f"{where}: {key!r} is missing")
     value = message[key]
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise ProtocolError(f"{message.get('type')}: {key!r} must be {what}, not {type(value).__name__}")
+        raise ProtocolError(f"{where}: {key!r} must be {what}, not {type(value).__name__}")
 
 
 def _check_inventory(message: dict, *, optional: bool) -> None:
@@ -195,8 +233,8 @@ def _check_inventory(message: dict, *, optional: bool) -> None:
     _require(message, "inventory", (dict,), "an object")
     inventory = message["inventory"]
     for key in ("cpu_cores", "memory_mib"):
-        _require(inventory, key, (int,), "an integer", optional=True)
-    _require(inventory, "gpus", (list,), "a list", optional=True)
+        _require(inventory, key, (int,), "an integer", optional=True, where="inventory")
+    _require(inventory, "gpus", (list,), "a list", optional=True, where="inventory")
     gpus = inventory.get("gpus") or []
     if len(gpus) > MAX_GPUS:
         raise ProtocolError(f"inventory lists {len(gpus)} GPUs (at most {MAX_GPUS})")
@@ -204,9 +242,9 @@ def _check_inventory(message: dict, *, optional: bool) -> None:
         if not isinstance(gpu, dict):
             raise ProtocolError("inventory: every GPU must be an object")
         for key in ("index", "memory_total_mib", "memory_used_mib"):
-            _require(gpu, key, (int,), "an integer", optional=True)
+            _require(gpu, key, (int,), "an integer", optional=True, where="inventory.gpus[]")
         for key in ("uuid", "name"):
-            _require(gpu, key, (str,), "a string", optional=True)
+            _require(gpu, key, (str,), "a string", optional=True, where="inventory.gpus[]")
 
 
 def _check_replicas(message: dict) -> None:
@@ -217,15 +255,15 @@ def _check_replicas(message: dict) -> None:
     for report in reports:
         if not isinstance(report, dict):
             raise ProtocolError("every replica report must be an object")
-        _require(report, "replica_id", (int,), "an integer")
-        _require(report, "state", (str,), "a string", optional=True)
+        _require(report, "replica_id", (int,), "an integer", where="replicas[]")
+        _require(report, "state", (str,), "a string", optional=True, where="replicas[]")
         for key, kinds, what in (("error", (str,), "a string or null"), ("pid", (int,), "an integer or null"),
                                  ("port", (int,), "an integer or null"),
                                  ("running", (int, float), "a number or null"),
                                  ("waiting", (int, float), "a number or null"),
                                  ("progress", (int, float), "a number or null")):
             if report.get(key) is not None:
-                _require(report, key, kinds, what)
+                _require(report, key, kinds, what, where="replicas[]")
 
 
 def check_fields(message: dict) -> dict:

@@ -20,3 +20,13 @@ def shown_once_response(request, admin_site, *, title: str, explanation: str, se
     response = TemplateResponse(request, "admin/llmgw/shown_once.html", context)
     add_never_cache_headers(response)
     return response
+
+
+def shown_once_api_response(data, status: int = 200):
+    """A REST answer that carries a secret (a new agent token, API key or REST token):
+    ``Cache-Control: no-store`` as on the admin's page, so no cache in between keeps it."""
+    from rest_framework.response import Response
+
+    response = Response(data, status=status)
+    add_never_cache_headers(response)
+    return response

@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
+from fleet.shown_once import shown_once_api_response
 from gateway.models import ApiKey
 from gateway.serializers import ApiKeyCreatedSerializer, ApiKeySerializer
 from llmgw.permissions import Act, can, permission_for
@@ -37,7 +38,7 @@ class ApiKeyViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.R
         key, clear = ApiKey.create_key(data["name"], [m.name for m in data.get("allowed_models", [])],
                                        data.get("expires_at"))
         key.key = clear
-        return Response(ApiKeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
+        return shown_once_api_response(ApiKeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer) -> None:
         # An expiry moved earlier is a revocation, an expired key made valid again an issue.

@@ -32,6 +32,7 @@ from django.urls import path, re_path  # noqa: E402
 
 from fleet.consumers import AgentConsumer  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
+from llmgw.logfilters import install_access_log_redaction  # noqa: E402
 from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
 
 LEAN_PREFIXES = ("/v1/", "/metrics")
@@ -99,6 +100,7 @@ class _Split:
         return await self.full(scope, receive, send)
 
 
+install_access_log_redaction()  # no ?token=… in uvicorn's access log
 lean_asgi = LeanASGIHandler()
 
 

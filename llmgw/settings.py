@@ -304,3 +304,6 @@ LLMGW_AGENT_MAX_MESSAGE_BYTES = env_int("AGENT_MAX_MESSAGE_BYTES", 1024 * 1024, 
 #: How often a connected agent's token is re-checked (on its heartbeats): the bound on how
 #: long a re-keyed or deleted agent keeps a websocket that no shared channel layer closed.
 LLMGW_AGENT_TOKEN_RECHECK_S = env_duration_s("AGENT_TOKEN_RECHECK", 5.0)
+#: Least time between two hellos on one agent connection (agents send one per connection):
+#: each queues a reconcile pass, so a flood of them would keep the worker busy.
+LLMGW_AGENT_HELLO_INTERVAL_S = env_duration_s("AGENT_HELLO_INTERVAL", 1.0)

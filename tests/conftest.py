@@ -83,6 +83,7 @@ async def watcher_cleanup():
     yield watcher
     await watcher.stop()
     watcher.agents.clear()
+    watcher.consumers.clear()
 
 
 @pytest.fixture(autouse=True)

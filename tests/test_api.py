@@ -253,6 +253,18 @@ def test_a_new_agent_gets_its_token_once(staff):
     assert staff.post("/api/agents/", {"name": "gpu-7"}, format="json").status_code == 400
 
 
+def test_every_api_answer_with_a_secret_is_not_stored_by_caches(world, staff):
+    """A new agent token, a re-key, a new API key and a REST token: ``no-store``, as the
+    admin's shown-once page (issue 12: a cache in between must not keep them)."""
+    created = staff.post("/api/agents/", {"name": "gpu-8"}, format="json")
+    rekeyed = staff.post(f"/api/agents/{created.json()['id']}/rekey/")
+    key = staff.post("/api/keys/", {"name": "team-b", "allowed_models": ["lazy"]}, format="json")
+    token = APIClient().post("/api/auth/token/", {"username": "ops", "password": "pw"}, format="json")
+    for answer, field in ((created, "token"), (rekeyed, "token"), (key, "key"), (token, "token")):
+        assert answer.status_code in (200, 201) and answer.json()[field]
+        assert "no-store" in answer["Cache-Control"], answer.request
+
+
 def test_keys_are_shown_once_limited_to_models_and_revoked(world, staff):
     answer = staff.post("/api/keys/", {"name": "team-a", "allowed_models": ["lazy"]}, format="json")
     assert answer.status_code == 201

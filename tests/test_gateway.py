@@ -245,6 +245,39 @@ def test_an_engine_that_drops_the_connection_after_done_still_served_the_stream(
     assert UsageRecord.objects.get(model_name="rough-model", stream=True).status == 200
 
 
+def test_v1_and_metrics_refuse_a_host_not_allowed(settings):
+    """The lean handler (no middleware) checks Host too: a DNS-rebinding page on another
+    name reads no metrics and reaches no endpoint; X-Forwarded-Host is not believed."""
+    import asyncio
+
+    import httpx
+
+    from llmgw.asgi import application
+
+    settings.LLMGW_METRICS_TOKEN = ""
+
+    async def run():
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            answers = {}
+            for path in ("/metrics", "/v1/models"):
+                for host in ("evil.example", "127.0.0.1.evil.example", "evil.example:80"):
+                    answers[path, host] = await client.get(path, headers={"Host": host})
+            answers["xfh"] = await client.get("/metrics", headers={"Host": "evil.example",
+                                                                   "X-Forwarded-Host": "127.0.0.1"})
+            answers["ok"] = await client.get("/metrics")
+            return answers
+
+    answers = asyncio.run(run())
+    ok = answers.pop("ok")
+    assert ok.status_code == 200 and b"llmgw_" in ok.content
+    for key, answer in answers.items():
+        path = key[0] if isinstance(key, tuple) else "/metrics"
+        assert answer.status_code == 400 and b"llmgw_" not in answer.content, (key, answer.text)
+        if path == "/v1/models":
+            assert answer.json()["error"]["code"] == "disallowed_host"
+
+
 def test_metrics_can_be_put_behind_a_bearer_token(settings):
     from django.test import AsyncClient
 

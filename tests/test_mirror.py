@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -275,6 +275,32 @@ def test_under_asgi_files_stream_in_chunks_not_one_buffer(rf, served):
     response.file_to_stream.close()
     assert len(chunks) == 3 and max(map(len, chunks)) <= MiB
     assert b"".join(chunks) == data[5:]
+
+
+def test_a_download_in_progress_stops_when_the_agent_is_rekeyed(transactional_db, rf, served, settings, caplog):
+    """Revocation reaches a download already streaming: the body ends short of its
+    Content-Length at the next token check, so the server cuts the connection."""
+    data, token = served
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    request = rf.get("/mirror/w/w.gguf", headers={"Authorization": f"Bearer {token}"})
+    response = mirror.download(request, name="w", file="w.gguf")
+    assert response.status_code == 200 and response["Content-Length"] == str(len(data))
+
+    async def collect():
+        chunks = []
+        async for chunk in response:
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                await sync_to_async(lambda: Agent.objects.get(name="gpu-1").rekey())()
+        return chunks
+
+    with caplog.at_level("WARNING", logger="fleet.mirror"):
+        chunks = async_to_sync(collect)()
+    response.file_to_stream.close()
+    assert len(chunks) == 1 and len(chunks[0]) < len(data)  # nothing after the re-key
+    assert "mirror download stopped" in caplog.text
+    again = rf.get("/mirror/w/w.gguf", headers={"Authorization": f"Bearer {token}", "Range": "bytes=1048576-"})
+    assert mirror.download(again, name="w", file="w.gguf").status_code == 401  # nor can it resume
 
 
 # --- the agent's cache against a real control plane ------------------------------------------
