@@ -278,12 +278,13 @@ async def test_a_silent_rekeyed_agent_is_dropped_and_gets_no_more_assignments(
     from fleet import consumers
 
     monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
-    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 60.0  # no sweep yet: the pass must still see it connected
     agent, old_token, ws = await connected_agent()
     await sync_to_async(agent.rekey)()
     await sync_to_async(make_model)("m", min_replicas=1)
     await sync_to_async(reconcile)()
     assert await Replica.objects.filter(agent=agent).aexists()  # its desired set moved
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     sent = []
     while True:
         output = await ws.receive_output(timeout=10)
@@ -324,13 +325,18 @@ async def test_a_flood_of_hellos_is_answered_not_applied(watcher_cleanup, monkey
     settings.LLMGW_AGENT_HELLO_INTERVAL_S = 60.0  # the 20 below all fall within it, however slow the machine
 
     agent, token, ws = await connected_agent()
-    passes = []
-    monkeypatch.setattr(reports, "request_pass", lambda: passes.append(1))
+    # The assign connected_agent waited for may be the one pushed on connect: wait until the
+    # connection's own hello is applied before counting.
+    deadline = time.monotonic() + 15
+    while (await Agent.objects.aget(pk=agent.pk)).address != "10.0.0.5" and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    applied = []  # each applied hello asks for a pass
+    monkeypatch.setattr(reports, "record_hello", lambda *args: applied.append(args))
     for _ in range(20):
         await ws.send_json_to(hello(address="10.0.0.77"))
     errors = [await receive_type(ws, "error") for _ in range(20)]
     assert all("hello repeated" in e["message"] for e in errors)
-    assert passes == [] and (await Agent.objects.aget(pk=agent.pk)).address == "10.0.0.5"
+    assert applied == [] and (await Agent.objects.aget(pk=agent.pk)).address == "10.0.0.5"
     assert (await Agent.objects.aget(pk=agent.pk)).connected  # the connection stays
     await ws.disconnect()
 
