@@ -92,26 +92,25 @@ class BodyLimits:
             return await self._refuse_too_large(receive, send, path, f"Request body of {declared} bytes is over "
                                                                      f"the limit of {limit} bytes.")
         timeout_s = settings.LLMGW_BODY_TIMEOUT_S
-        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         chunks: list[bytes] = []
         size = 0
         try:
-            while True:
-                if deadline is None:
+            # One deadline for the whole body (no task per receive, unlike wait_for: this
+            # runs on every request).
+            async with asyncio.timeout(timeout_s if timeout_s > 0 else None):
+                while True:
                     message = await receive()
-                else:
-                    message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-                if message["type"] == "http.disconnect":
-                    return None  # the client is gone: nobody to answer
-                body = message.get("body", b"")
-                if body:
-                    size += len(body)
-                    if size > limit:
-                        raise _TooLarge
-                    chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-        except asyncio.TimeoutError:
+                    if message["type"] == "http.disconnect":
+                        return None  # the client is gone: nobody to answer
+                    body = message.get("body", b"")
+                    if body:
+                        size += len(body)
+                        if size > limit:
+                            raise _TooLarge
+                        chunks.append(body)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
             return await self._answer(send, path, 408, f"The request body did not arrive within {timeout_s:g} s.")
         except _TooLarge:
             return await self._refuse_too_large(receive, send, path, f"Request body is over the limit of {limit} "
