@@ -154,7 +154,13 @@ def test_two_workers_race_for_the_pass_lock_one_pass_at_a_time_nothing_placed_tw
     for (_, end, holder), (next_start, _, next_holder) in itertools.pairwise(ran):
         assert next_start >= end, f"{holder} and {next_holder} ran passes at the same time"
     for m in models:
-        assert Replica.objects.filter(model=m).count() == 1, f"{m.name} was placed twice"
+        # A replica that failed (its engine too slow to answer readiness on a loaded machine:
+        # this cluster's agents fail engines after 2 s) is replaced, not placed twice; any
+        # other extra row — ready, draining, stopped as a surplus — is a double placement.
+        placed = list(Replica.objects.filter(model=m).values_list("id", "state", "reason"))
+        kept = [row for row in placed if row[1] != "failed"]
+        assert len(kept) == 1, f"{m.name} was placed twice: {placed}\n" + "\n".join(
+            w.log()[-3000:] for w in fleet.workers)
     status = cluster_status()
     assert status["leader"] == socket.gethostname()
     assert PassLock.objects.get(pk=1).last_pass_holder in {h for _, _, h in ran}
