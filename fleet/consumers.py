@@ -23,6 +23,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import DatabaseError, InterfaceError
 
 from fleet import protocol, reports
 from fleet.live import watcher
@@ -242,14 +243,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Re-check the token at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds (the
         level-triggered side of revocation, for re-keys no channel layer delivered): before
         any message of the agent is applied and before anything is sent to it. A silent
-        agent is covered by the watcher's sweep (``fleet.live.Watcher``)."""
+        agent is covered by the watcher's sweep (``fleet.live.Watcher``).
+
+        While the database is away (PostgreSQL restarting) the token counts as valid and is
+        checked again after the same interval: a re-key needs the database too, and dropping
+        every agent over a database blip would take every route with it."""
         if self._closed:
             return False
         now = time.monotonic()
         if now - self._checked_at < settings.LLMGW_AGENT_TOKEN_RECHECK_S:
             return True
         self._checked_at = now
-        return await database_sync_to_async(reports.token_still_valid)(self.agent_id, self.token_sha256)
+        try:
+            return await database_sync_to_async(reports.token_still_valid)(self.agent_id, self.token_sha256)
+        except (DatabaseError, InterfaceError) as exc:
+            log.warning("could not re-check agent %s's token (database unavailable: %s); kept until the next "
+                        "check", self.agent_name, exc)
+            return True
 
     async def _handle(self, message: dict) -> None:
         kind = message["type"]

@@ -254,6 +254,28 @@ async def test_without_a_layer_reaching_it_the_heartbeat_recheck_drops_a_rekeyed
     assert await is_refused(old_token)
 
 
+async def test_a_database_blip_during_the_token_recheck_keeps_the_agent_connected(
+        watcher_cleanup, monkeypatch, settings):
+    """PostgreSQL restarting: the re-check cannot reach the database. The agent keeps its
+    socket (a re-key needs the database too); dropping it took its routes with it."""
+    from django.db import OperationalError
+
+    from fleet import reports
+
+    settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
+    agent, token, ws = await connected_agent()
+
+    def away(*args):
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(reports, "token_still_valid", away)
+    await ws.send_json_to({"type": "heartbeat", "v": 1})
+    await ws.send_json_to({"type": "bogus", "v": 1})
+    assert (await receive_type(ws, "error"))["message"]  # still served: the heartbeat did not end it
+    assert (await Agent.objects.aget(pk=agent.pk)).connected
+    await ws.disconnect()
+
+
 async def test_a_rekeyed_agent_cannot_move_its_address_with_a_hello(watcher_cleanup, monkeypatch, settings):
     """Re-keyed in another process (no event): a hello from the old session is not recorded
     (its address would redirect the gateway's traffic) and closes the socket."""
