@@ -161,7 +161,7 @@ def create_fleet(n: int) -> tuple[list[int], list[str], object]:
     """``n`` agents (ids, tokens) and a model whose replicas the bench assigns."""
     from catalog.models import ClusterSettings, Model, Profile
     from fleet.models import Agent
-    from fleet.tokens import new_token
+    from llmgw.tokens import new_token
 
     ClusterSettings.get_solo()
     tokens = [new_token("agent") for _ in range(n)]
@@ -196,7 +196,7 @@ def assign_once(model, agent_id: int, receipts: dict, nudge: bool, timeout_s: fl
     from django.db import transaction
 
     from fleet.models import Agent, Replica
-    from fleet.reconciler import nudge_agents
+    from fleet.groups import nudge_agents
 
     with transaction.atomic():
         replica = Replica.objects.create(model=model, profile=model.profile, agent_id=agent_id, state="placing",

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fleet.planner import AgentView, GpuView, ModelView, Place, Policy, ProfileView, ReplicaView, Snapshot, plan  # noqa: E402
-from fleet.scaling import Load  # noqa: E402
+from fleet.planning.planner import AgentView, GpuView, ModelView, Place, Policy, ProfileView, ReplicaView, Snapshot, plan  # noqa: E402
+from fleet.planning.scaling import Load  # noqa: E402
 from fleet.states import ReplicaState  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)

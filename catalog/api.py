@@ -3,7 +3,7 @@ and the model's view/add/change/delete permission (``llmgw.permissions``); engin
 profile's command and env, ``pypi:``/``file:`` weights) also needs
 ``catalog.change_engine_code``, and every change of it is recorded (``catalog.engine_code``).
 
-Want, evict and explain act on the fleet and live in ``fleet.api`` (catalog imports no
+Want, evict and explain act on the fleet and live in ``fleet.ops.api`` (catalog imports no
 fleet); ``llmgw.api_urls`` mounts both under ``/api/``.
 """
 

@@ -1,14 +1,14 @@
 """The fleet's admin. Acts (cordon, drain, registering an agent, revoking a REST API
 token) need the permissions of ``llmgw.permissions``, the same as the dashboard and the
 REST API ask for. The admin's login page counts failed logins with the REST API's
-(``fleet.auth_throttle``)."""
+(``llmgw.auth_throttle``)."""
 
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 
 from catalog.admin import SecretFieldsAdminMixin
-from fleet import auth_throttle
+from llmgw import auth_throttle
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
 from llmgw.permissions import Act, can
 
@@ -69,7 +69,7 @@ class AgentAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     def _show_tokens(self, request, title: str, tokens: list[tuple[str, str]]):
         from django.urls import reverse
 
-        from fleet.shown_once import shown_once_response
+        from llmgw.shown_once import shown_once_response
 
         return shown_once_response(
             request, self.admin_site, title=title, explanation="Each agent's new token is below.",
@@ -105,21 +105,21 @@ class AgentAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Cordon (place nothing new)", permissions=["cordon"])
     def cordon(self, request, queryset):
-        from fleet.operations import set_cordoned
+        from fleet.ops.operations import set_cordoned
 
         n = sum(set_cordoned(agent, True) for agent in queryset)
         self.message_user(request, f"{n} agent(s) cordoned.")
 
     @admin.action(description="Uncordon", permissions=["cordon"])
     def uncordon(self, request, queryset):
-        from fleet.operations import set_cordoned
+        from fleet.ops.operations import set_cordoned
 
         n = sum(set_cordoned(agent, False) for agent in queryset)
         self.message_user(request, f"{n} agent(s) uncordoned.")
 
     @admin.action(description="Drain (cordon and move replicas to other agents)", permissions=["drain"])
     def drain(self, request, queryset):
-        from fleet.operations import drain_agent
+        from fleet.ops.operations import drain_agent
 
         moved = sum(drain_agent(agent, request.user.get_username()) for agent in queryset)
         self.message_user(request, f"{queryset.count()} agent(s) drained: {moved} replica(s) moving away.")
@@ -195,7 +195,7 @@ class ApiTokenAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 # The cluster-settings admin (catalog) stops and starts through fleet's operations.
 def _wire_cluster_admin() -> None:
     from catalog.admin import ClusterSettingsAdmin
-    from fleet.operations import start_cluster, stop_cluster
+    from fleet.ops.operations import start_cluster, stop_cluster
 
     ClusterSettingsAdmin.stop_cluster = staticmethod(stop_cluster)
     ClusterSettingsAdmin.start_cluster = staticmethod(start_cluster)

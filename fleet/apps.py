@@ -9,7 +9,10 @@ class FleetConfig(AppConfig):
         from django.contrib.auth import get_user_model
         from django.db.models.signals import post_migrate, post_save
 
+        from fleet.ops import metrics
         from fleet.tasks import register_schedules
+
+        metrics.register()
 
         # Idempotent (update_or_create) and after migrations, never at import time.
         post_migrate.connect(register_schedules, sender=self)

@@ -11,7 +11,8 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from catalog.models import Model, Profile
-from fleet import tokens
+from llmgw import tokens
+from fleet import groups
 from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, check_transition
 
 
@@ -71,7 +72,7 @@ class Agent(models.Model):
     def rekey(self) -> str:
         """Give this agent a new token and return it (clear, to show once). The old token
         stops working at once: refused on connect, and the websocket it holds is closed
-        after the commit (``fleet.consumers.revoke_sessions``; issue 12, "revocation is
+        after the commit (``fleet.groups.revoke_sessions``; issue 12, "revocation is
         immediate")."""
         token = tokens.new_token("agent")
         self.set_token(token)
@@ -98,9 +99,7 @@ class Agent(models.Model):
 
 
 def _revoke_after_commit(agent_id: int) -> None:
-    from fleet.consumers import revoke_sessions
-
-    transaction.on_commit(lambda: revoke_sessions(agent_id))
+    transaction.on_commit(lambda: groups.revoke_sessions(agent_id))
 
 
 @receiver(post_delete, sender=Agent, dispatch_uid="fleet-agent-deleted-revoke")
@@ -219,9 +218,9 @@ class ModelState(models.Model):
     extra_replicas = models.PositiveIntegerField(default=0)
     busy_since = models.DateTimeField(null=True, blank=True)
     quiet_since = models.DateTimeField(null=True, blank=True)
-    #: Requests one ready replica ran while others waited, at most (``fleet.scaling``).
+    #: Requests one ready replica ran while others waited, at most (``fleet.planning.scaling``).
     observed_per_replica = models.PositiveIntegerField(null=True, blank=True)
-    #: Since when, with nothing waiting, fewer replicas would be too full (``fleet.scaling``).
+    #: Since when, with nothing waiting, fewer replicas would be too full (``fleet.planning.scaling``).
     crowded_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet.models import PassLock
-from fleet.reconciler import reconcile
+from fleet.control.reconciler import reconcile
 
 log = logging.getLogger(__name__)
 

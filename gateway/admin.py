@@ -54,7 +54,7 @@ class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:
-            from fleet import tokens
+            from llmgw import tokens
 
             clear = tokens.new_token("key")
             obj.prefix, obj.sha256 = tokens.token_prefix(clear), tokens.token_hash(clear)
@@ -69,7 +69,7 @@ class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
             return super().response_add(request, obj, post_url_continue)
         from django.urls import reverse
 
-        from fleet.shown_once import shown_once_response
+        from llmgw.shown_once import shown_once_response
 
         return shown_once_response(
             request, self.admin_site, title=f"API key {obj.name} created",

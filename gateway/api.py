@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from fleet.shown_once import shown_once_api_response
+from llmgw.shown_once import shown_once_api_response
 from gateway.models import ApiKey
 from gateway.serializers import ApiKeyCreatedSerializer, ApiKeySerializer
 from llmgw.permissions import Act, can, permission_for

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from fleet import tokens
+from llmgw import tokens
 from gateway import cache
 from gateway.errors import openai_error
 from gateway.models import ApiKey

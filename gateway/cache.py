@@ -1,7 +1,7 @@
 """API keys and the catalog's names in memory, for ``/v1/`` without a database query.
 
-Loaded by the per-process watcher (``fleet.live``) in each refresh, in the same worker
-thread as the routing table (a hook, :attr:`fleet.live.Watcher.extra_loaders`: ``fleet``
+Loaded by the per-process watcher (``fleet.live.watch``) in each refresh, in the same worker
+thread as the routing table (a hook, :func:`fleet.live.add_loader`: ``fleet``
 imports nothing from the gateway), so they are at most one refresh old (≤
 ``LLMGW_WATCH_INTERVAL``, 0.2 s by default): a revocation or expiry applies within a
 fraction of a second. What the cache does not know (a key or model created a moment ago,
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.live import watcher
+from fleet import live
 
 _KEYS = "gateway.keys"
 _MODELS = "gateway.models"
@@ -83,14 +83,14 @@ def load() -> dict[str, Any]:
 
 def keys_with_prefix(prefix: str) -> list[CachedKey] | None:
     """Cached keys with this visible prefix; None when the cache is not loaded yet."""
-    keys = watcher.view.extra.get(_KEYS)
+    keys = live.current_view().extra.get(_KEYS)
     if keys is None:
         return None
     return keys.get(prefix, [])
 
 
 def model(name: str) -> CachedModel | None:
-    models = watcher.view.extra.get(_MODELS)
+    models = live.current_view().extra.get(_MODELS)
     return None if models is None else models.get(name)
 
 
@@ -98,9 +98,4 @@ def expired(key: CachedKey) -> bool:
     return key.expires_ts is not None and key.expires_ts <= time.time()
 
 
-def register() -> None:
-    if load not in watcher.extra_loaders:
-        watcher.extra_loaders.append(load)
-
-
-register()
+live.add_loader(load)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import httpx
 

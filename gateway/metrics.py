@@ -3,10 +3,9 @@ come from the catalog (anything else is ``unknown``), statuses are HTTP codes.""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import Counter, Gauge, Histogram
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from llmgw.metrics import REGISTRY
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
@@ -21,34 +20,3 @@ OVERHEAD = Histogram("llmgw_gateway_overhead_seconds", "The gateway's own work b
 IN_FLIGHT = Gauge("llmgw_requests_in_flight", "Requests being relayed now.", ["model"], registry=REGISTRY)
 HELD = Gauge("llmgw_requests_held_for_cold_start", "Requests waiting for a replica to become ready.",
              registry=REGISTRY)
-
-
-class FleetCollector:
-    """Replicas by state and agents connected, read from the database at scrape time."""
-
-    def describe(self):
-        # Registration asks for a description; answering without the database keeps the
-        # import free of queries (it happens in async code).
-        yield GaugeMetricFamily("llmgw_replicas", "Replicas by state.", labels=["state"])
-        yield GaugeMetricFamily("llmgw_agents_connected", "Agents with an open websocket.")
-
-    def collect(self):
-        from django.db.models import Count
-
-        from fleet.models import Agent, Replica
-
-        replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by state.", labels=["state"])
-        counts = dict(Replica.objects.exclude(state="stopped").values_list("state").annotate(n=Count("id")))
-        for state in ("placing", "downloading", "starting", "ready", "draining", "stopping", "failed", "lost"):
-            replicas.add_metric([state], counts.get(state, 0))
-        yield replicas
-        agents = GaugeMetricFamily("llmgw_agents_connected", "Agents with an open websocket.")
-        agents.add_metric([], Agent.objects.filter(connected=True).count())
-        yield agents
-
-
-REGISTRY.register(FleetCollector())
-
-
-def render() -> bytes:
-    return generate_latest(REGISTRY)

@@ -8,7 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from catalog.models import Model
-from fleet import tokens
+from llmgw import tokens
 
 
 class ApiKey(models.Model):

@@ -39,8 +39,8 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
 from catalog.models import Model
-from fleet.demand import want
-from fleet.live import Endpoint, ModelStatus, usage, watcher
+from fleet import live
+from fleet.live import Endpoint, ModelStatus
 from gateway import cache, endpoints, metrics, sse, validation
 from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
@@ -232,7 +232,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     too_big = _body_limit_error(request)
     if too_big is not None:
         return ex.answer(too_big)
-    watcher.ensure_started()
+    live.current_view()  # starts this process's watcher on first use
     caller = await authenticate(request)
     if isinstance(caller, HttpResponse):
         return ex.answer(caller)
@@ -247,7 +247,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return ex.answer(openai_error(400, f"Invalid type for 'model': expected a string, but got "
                                            f"{validation.kind_of(name)} instead.", code="invalid_type", param="model"))
     ex.model_name = name
-    view = watcher.view if watcher.view.version else await watcher.refresh_now()
+    view = await live.fresh_view()
     if view.stopped:
         return ex.answer(openai_error(503, "The cluster is stopped by its operators; no model is being served.",
                                       code="system_stopped"))
@@ -333,7 +333,7 @@ def _upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
 
 async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:
     """A ready replica of ``model``, waiting for one while it is loading (cold start)."""
-    view = watcher.view
+    view = live.current_view()
     endpoints = view.routes.get(model.id)
     if endpoints:
         return choose(endpoints)
@@ -342,32 +342,31 @@ async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResp
         return _unavailable(model, status)
     trust_after = time.monotonic()
     if model.on_demand:
-        await sync_to_async(want)(model.id)
+        await sync_to_async(live.want_model)(model.id)
         trust_after = time.monotonic()
     timeout_s = view.cold_start_timeout_s
     log.info("holding a request for %s while it starts (up to %.0f s)", model.name, timeout_s)
     deadline = time.monotonic() + timeout_s
-    watcher.holders += 1
     metrics.HELD.inc()
     try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            await watcher.wait_for_refresh(remaining)
-            view = watcher.view
-            endpoints = view.routes.get(model.id)
-            if endpoints:
-                return choose(endpoints)
-            if view.stopped:
-                return openai_error(503, "The cluster is stopped by its operators.", code="system_stopped")
-            status = view.status.get(model.id, ModelStatus())
-            if view.started_at >= trust_after and status.unservable:
-                return _unavailable(model, status)
-            if not model.on_demand and status.coming_up == 0 and view.started_at >= trust_after:
-                return _unavailable(model, status)
+        async with live.holding():
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await live.wait_for_change(remaining)
+                view = live.current_view()
+                endpoints = view.routes.get(model.id)
+                if endpoints:
+                    return choose(endpoints)
+                if view.stopped:
+                    return openai_error(503, "The cluster is stopped by its operators.", code="system_stopped")
+                status = view.status.get(model.id, ModelStatus())
+                if view.started_at >= trust_after and status.unservable:
+                    return _unavailable(model, status)
+                if not model.on_demand and status.coming_up == 0 and view.started_at >= trust_after:
+                    return _unavailable(model, status)
     finally:
-        watcher.holders -= 1
         metrics.HELD.dec()
     retry_after = max(1, int(min(timeout_s, 30)))
     return openai_error(
@@ -414,7 +413,7 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
     ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
     while True:
         tried.add(endpoint.replica_id)
-        usage.begin(endpoint.replica_id)
+        live.begin_request(endpoint.replica_id)
         try:
             # The replica's engine key, never the client's credentials (issue 12).
             upstream = await _open(f"{endpoint.url}/v1/{path}", content,
@@ -423,24 +422,24 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
         except asyncio.CancelledError:
             # The client went away before the engine's headers (a non-streamed answer sends
             # them only when done): count the request out, or the replica never looks idle.
-            usage.end(endpoint.replica_id)
+            live.end_request(endpoint.replica_id)
             ex.replica_id = endpoint.replica_id
             ex.finish(499)
             raise
         except _Refused as exc:
-            usage.end(endpoint.replica_id)
+            live.end_request(endpoint.replica_id)
             log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
-            other = choose(watcher.view.routes.get(model.id, ()), exclude=tried)
+            other = choose(live.current_view().routes.get(model.id, ()), exclude=tried)
             if other is None or len(tried) >= 2:
                 return ex.answer(openai_error(502, f"The replica serving '{model.name}' is not reachable.",
                                               code="upstream_unreachable"))
             endpoint = other
         except asyncio.TimeoutError:
-            usage.end(endpoint.replica_id)
+            live.end_request(endpoint.replica_id)
             return ex.answer(openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
                                           code="upstream_timeout"))
         except aiohttp.ClientError as exc:
-            usage.end(endpoint.replica_id)
+            live.end_request(endpoint.replica_id)
             log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
             return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed "
                                                f"({type(exc).__name__}).", code="upstream_error"))
@@ -525,7 +524,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
             else:
                 upstream.close()  # drop the connection: the engine sees the request end
             if replica_id is not None:
-                usage.end(replica_id)
+                live.end_request(replica_id)
         ex.ttft_s = time.monotonic() - ex.started
         parsed = None
         if "json" in content_type:
@@ -602,7 +601,7 @@ async def _relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int
             else:
                 upstream.close()  # drop the connection: the engine sees the request cancelled
             if replica_id is not None:
-                usage.end(replica_id)
+                live.end_request(replica_id)
             if ex.model_label != "unknown":
                 metrics.IN_FLIGHT.labels(ex.model_label).dec()
             if ex.completion_tokens is None and ex.content_chunks:

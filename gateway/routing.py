@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from fleet.live import Endpoint, usage
+from fleet.live import Endpoint, in_flight
 
 _turn = itertools.count()
 
@@ -15,6 +15,6 @@ def choose(endpoints: tuple[Endpoint, ...], exclude: set[int] = frozenset()) -> 
     candidates = [e for e in endpoints if e.replica_id not in exclude]
     if not candidates:
         return None
-    least = min(usage.in_flight.get(e.replica_id, 0) for e in candidates)
-    tied = [e for e in candidates if usage.in_flight.get(e.replica_id, 0) == least]
+    least = min(in_flight(e.replica_id) for e in candidates)
+    tied = [e for e in candidates if in_flight(e.replica_id) == least]
     return tied[next(_turn) % len(tied)]

@@ -56,7 +56,7 @@ async def prometheus(request: HttpRequest) -> HttpResponse:
     from django.conf import settings
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from gateway.metrics import render
+    from llmgw.metrics import render
 
     expected = settings.LLMGW_METRICS_TOKEN
     if expected:

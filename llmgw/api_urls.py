@@ -13,7 +13,7 @@ from rest_framework import exceptions, permissions
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from catalog import api as catalog_api
-from fleet import api as fleet_api
+from fleet.ops import api as fleet_api
 from gateway import api as gateway_api
 
 

@@ -30,7 +30,7 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.http import HttpResponseBadRequest  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
-from fleet.consumers import AgentConsumer  # noqa: E402
+from fleet.live.consumer import AgentConsumer  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
 from llmgw.logfilters import install_access_log_redaction  # noqa: E402
 from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
@@ -125,10 +125,10 @@ async def _shutdown() -> None:
     """Write what this process holds in memory: usage records and the last usage report."""
     from asgiref.sync import sync_to_async
 
-    from fleet.live import watcher
+    from fleet import live
     from gateway.usage import usage_records
 
-    await watcher.stop()
+    await live.stop()
     await sync_to_async(usage_records.flush, thread_sensitive=False)()
 
 

@@ -4,7 +4,7 @@ goes through the admin site's login and CSRF protection)."""
 from django.contrib import admin
 from django.urls import path
 
-from fleet import views
+from fleet.ops import views
 
 app_name = "dashboard"
 

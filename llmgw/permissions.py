@@ -2,7 +2,7 @@
 
 ``ACTS`` maps each act an operator can do (stop the cluster, drain an agent, change engine
 code, …) to the one Django permission it needs; the admin (``catalog``, ``fleet`` and
-``gateway`` ``admin.py``), the dashboard's action views (``fleet.views``) and the REST API
+``gateway`` ``admin.py``), the dashboard's action views (``fleet.ops.views``) and the REST API
 (the permission classes below, used by every view under ``/api/``) all ask :func:`can` or
 :func:`permission_for`, never a permission string of their own. Plain reads and writes of a
 model (list, create, change, delete a profile, …) need Django's own ``view_``/``add_``/

@@ -204,9 +204,9 @@ REST_FRAMEWORK = {
     # The token class first: DRF answers a failed login with the first class's challenge,
     # and "Token" makes it a 401 (session auth has none: 403) without a browser's basic prompt.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "fleet.api_auth.HashedTokenAuthentication",
+        "fleet.ops.api_auth.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "fleet.api_auth.ThrottledBasicAuthentication",
+        "fleet.ops.api_auth.ThrottledBasicAuthentication",
     ],
     # Proxies in front that append to X-Forwarded-For: failed logins are then counted per
     # the address the last of them saw. 0 (the default): the socket's peer, never the header

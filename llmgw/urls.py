@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.http import HttpResponseRedirect
 from django.urls import include, path, re_path
 
-from fleet import mirror
+from fleet.ops import mirror
 
 admin.site.site_header = "llmgw"
 admin.site.site_title = "llmgw"

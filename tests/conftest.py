@@ -78,7 +78,7 @@ def cluster(db):
 
 @pytest.fixture
 async def watcher_cleanup():
-    from fleet.live import watcher
+    from fleet.live.watch import watcher
 
     yield watcher
     await watcher.stop()
@@ -88,12 +88,12 @@ async def watcher_cleanup():
 
 @pytest.fixture(autouse=True)
 def fresh_login_counters(monkeypatch):
-    """Failed-login counters (fleet.auth_throttle) of their own for each test, so one
+    """Failed-login counters (llmgw.auth_throttle) of their own for each test, so one
     test's failures never throttle the next one's logins. A new key prefix, not
     ``cache.clear()``: on Redis that would flush the whole database other runs share."""
     import uuid
 
-    from fleet import auth_throttle
+    from llmgw import auth_throttle
 
     monkeypatch.setattr(auth_throttle, "KEY", f"llmgw:auth-failures:test-{uuid.uuid4().hex[:12]}")
 

@@ -10,7 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 
 from catalog.models import Model
-from fleet import tokens
+from llmgw import tokens
 from fleet.models import Agent
 from gateway.models import ApiKey
 

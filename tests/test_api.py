@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from catalog.models import ClusterSettings, Model, Profile, ScheduleWindow
 from fleet.models import Agent, Gpu, ModelState, Replica
-from fleet.reconciler import reconcile
+from fleet.control.reconciler import reconcile
 from gateway.models import ApiKey
 from tests.processes import ROOT
 
@@ -356,7 +356,7 @@ def test_api_tokens_are_stored_hashed_and_shown_once(staff):
 def test_a_token_prefix_never_holds_more_than_its_first_characters_of_secret(secret):
     """token_urlsafe can put "-" anywhere in the secret; the prefix is cut at the kind,
     not at the secret's last dash (which once stored nearly the whole token in clear)."""
-    from fleet import tokens
+    from llmgw import tokens
 
     for kind in ("api", "agent", "key"):
         token = f"llmgw-{kind}-{secret}"
@@ -397,7 +397,7 @@ def test_prefixes_stored_by_the_old_rule_are_recomputed_so_those_tokens_still_wo
 
     from django.apps import apps
 
-    from fleet import tokens
+    from llmgw import tokens
     from gateway.models import ApiKey
 
     def old_rule(token):

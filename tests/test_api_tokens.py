@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import auth_throttle
+from llmgw import auth_throttle
 from fleet.models import ApiToken
 
 pytestmark = pytest.mark.django_db

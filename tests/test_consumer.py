@@ -11,9 +11,9 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from fleet import protocol
-from fleet.consumers import REFUSED_CLOSE_CODE
+from fleet.live.consumer import REFUSED_CLOSE_CODE
 from fleet.models import Agent, Gpu, Replica
-from fleet.reconciler import reconcile
+from fleet.control.reconciler import reconcile
 from llmgw.asgi import application
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -47,7 +47,7 @@ def communicator(token: str) -> WebsocketCommunicator:
 async def test_a_bad_token_is_refused_logged_and_changes_nothing(caplog, watcher_cleanup):
     agent, _ = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = communicator("llmgw-agent-not-a-real-token")
-    with caplog.at_level(logging.WARNING, logger="fleet.consumers"):
+    with caplog.at_level(logging.WARNING, logger="fleet.live.consumer"):
         connected, code = await ws.connect()
     assert not connected and code == REFUSED_CLOSE_CODE
     await ws.disconnect()  # what the server does after the close; ends the consumer
@@ -206,7 +206,7 @@ async def is_refused(token: str) -> bool:
 
 
 async def test_a_rekeyed_agent_is_dropped_at_once_and_its_old_token_refused(watcher_cleanup):
-    from fleet.consumers import REVOKED_CLOSE_CODE
+    from fleet.live.consumer import REVOKED_CLOSE_CODE
 
     agent, old_token, ws = await connected_agent()
     new_token = await sync_to_async(agent.rekey)()  # as the admin action and `llmgw agents rekey` do
@@ -223,7 +223,7 @@ async def test_a_rekeyed_agent_is_dropped_at_once_and_its_old_token_refused(watc
 
 
 async def test_a_deleted_agent_is_dropped_at_once_and_cannot_reconnect(watcher_cleanup):
-    from fleet.consumers import REVOKED_CLOSE_CODE
+    from fleet.live.consumer import REVOKED_CLOSE_CODE
 
     agent, token, ws = await connected_agent()
     await sync_to_async(agent.delete)()
@@ -237,9 +237,10 @@ async def test_without_a_layer_reaching_it_the_heartbeat_recheck_drops_a_rekeyed
         watcher_cleanup, monkeypatch, settings):
     """A re-key made in another process (`llmgw agents rekey` with the in-memory layer):
     no event arrives, the token re-check on the next heartbeat closes the socket."""
-    from fleet import consumers
+    from fleet import groups
+    from fleet.live import consumer
 
-    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    monkeypatch.setattr(groups, "revoke_sessions", lambda agent_id: None)
     settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     agent, old_token, ws = await connected_agent()
     await ws.send_json_to({"type": "heartbeat", "v": 1})  # still valid: nothing happens
@@ -248,7 +249,7 @@ async def test_without_a_layer_reaching_it_the_heartbeat_recheck_drops_a_rekeyed
     assert (await Agent.objects.aget(pk=agent.pk)).connected
     await sync_to_async(agent.rekey)()
     await ws.send_json_to({"type": "heartbeat", "v": 1})
-    assert await close_code(ws) == consumers.REVOKED_CLOSE_CODE
+    assert await close_code(ws) == consumer.REVOKED_CLOSE_CODE
     await ws.disconnect()
     assert not (await Agent.objects.aget(pk=agent.pk)).connected
     assert await is_refused(old_token)
@@ -260,7 +261,7 @@ async def test_a_database_blip_during_the_token_recheck_keeps_the_agent_connecte
     socket (a re-key needs the database too); dropping it took its routes with it."""
     from django.db import OperationalError
 
-    from fleet import reports
+    from fleet.control import reports
 
     settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     agent, token, ws = await connected_agent()
@@ -279,14 +280,15 @@ async def test_a_database_blip_during_the_token_recheck_keeps_the_agent_connecte
 async def test_a_rekeyed_agent_cannot_move_its_address_with_a_hello(watcher_cleanup, monkeypatch, settings):
     """Re-keyed in another process (no event): a hello from the old session is not recorded
     (its address would redirect the gateway's traffic) and closes the socket."""
-    from fleet import consumers
+    from fleet import groups
+    from fleet.live import consumer
 
-    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    monkeypatch.setattr(groups, "revoke_sessions", lambda agent_id: None)
     settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     agent, old_token, ws = await connected_agent()
     await sync_to_async(agent.rekey)()
     await ws.send_json_to(hello(address="10.6.6.6", inventory={"gpus": [], "cpu_cores": 1, "memory_mib": 1}))
-    assert await close_code(ws) == consumers.REVOKED_CLOSE_CODE
+    assert await close_code(ws) == consumer.REVOKED_CLOSE_CODE
     await ws.disconnect()
     row = await Agent.objects.aget(pk=agent.pk)
     assert not row.connected and row.address == "10.0.0.5" and row.cpu_cores == 32
@@ -297,9 +299,10 @@ async def test_a_silent_rekeyed_agent_is_dropped_and_gets_no_more_assignments(
         make_model, watcher_cleanup, monkeypatch, settings):
     """Re-keyed in another process, an agent that sends nothing is closed by the watcher's
     sweep, and a desired set that moves meanwhile (engine keys) is not sent to it."""
-    from fleet import consumers
+    from fleet import groups
+    from fleet.live import consumer
 
-    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    monkeypatch.setattr(groups, "revoke_sessions", lambda agent_id: None)
     settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     agent, old_token, ws = await connected_agent()
     await sync_to_async(agent.rekey)()
@@ -315,7 +318,7 @@ async def test_a_silent_rekeyed_agent_is_dropped_and_gets_no_more_assignments(
         if output["type"] == "websocket.close":
             break
         sent.append(output)
-    assert output.get("code") == consumers.REVOKED_CLOSE_CODE
+    assert output.get("code") == consumer.REVOKED_CLOSE_CODE
     assert not [o for o in sent if '"api_key"' in (o.get("text") or "")]  # no replica (nor its key) sent
     await ws.disconnect()
     assert not (await Agent.objects.aget(pk=agent.pk)).connected
@@ -326,16 +329,17 @@ async def test_every_socket_of_an_agent_that_connected_twice_is_dropped_on_rekey
         watcher_cleanup, monkeypatch, settings):
     """Two sockets with one token (the watcher pushes to the newest): after a re-key made
     in another process both close without sending anything, the older one too."""
-    from fleet import consumers
+    from fleet import groups
+    from fleet.live import consumer
 
-    monkeypatch.setattr(consumers, "revoke_sessions", lambda agent_id: None)
+    monkeypatch.setattr(groups, "revoke_sessions", lambda agent_id: None)
     settings.LLMGW_AGENT_TOKEN_RECHECK_S = 0.0
     agent, token, first = await connected_agent()
     second = communicator(token)
     assert (await second.connect())[0]
     await sync_to_async(agent.rekey)()
-    assert await close_code(first) == consumers.REVOKED_CLOSE_CODE
-    assert await close_code(second) == consumers.REVOKED_CLOSE_CODE
+    assert await close_code(first) == consumer.REVOKED_CLOSE_CODE
+    assert await close_code(second) == consumer.REVOKED_CLOSE_CODE
     await first.disconnect()
     await second.disconnect()
     assert not (await Agent.objects.aget(pk=agent.pk)).connected
@@ -344,7 +348,7 @@ async def test_every_socket_of_an_agent_that_connected_twice_is_dropped_on_rekey
 async def test_a_flood_of_hellos_is_answered_not_applied(watcher_cleanup, monkeypatch, settings):
     """Each applied hello queues a reconcile pass: one connection may not make the worker
     run hundreds. Hellos within LLMGW_AGENT_HELLO_INTERVAL of the last one are answered."""
-    from fleet import reports
+    from fleet.control import reports
 
     settings.LLMGW_AGENT_HELLO_INTERVAL_S = 60.0  # the 20 below all fall within it, however slow the machine
 
@@ -413,14 +417,14 @@ def test_a_token_in_a_url_never_reaches_the_access_log():
     "::127.0.0.1", "fe80::1%eth0", "2001:db8::1%eth0",  # IPv4-compatible IPv6, zones
 ])
 async def test_a_hello_with_a_bad_address_is_refused_and_records_nothing(address, watcher_cleanup, caplog):
-    from fleet.consumers import BAD_HELLO_CLOSE_CODE
+    from fleet.live.consumer import BAD_HELLO_CLOSE_CODE
 
     agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = communicator(token)
     ws.scope["client"] = ("10.9.8.7", 40000)  # a remote agent
     connected, _ = await ws.connect()
     assert connected
-    with caplog.at_level(logging.WARNING, logger="fleet.consumers"):
+    with caplog.at_level(logging.WARNING, logger="fleet.live.consumer"):
         await ws.send_json_to(hello(address=address))
         assert await close_code(ws) == BAD_HELLO_CLOSE_CODE
     await ws.disconnect()
@@ -524,7 +528,7 @@ async def test_binary_frames_and_pathological_json_are_answered_and_the_consumer
 
 
 async def test_a_consumer_that_fails_marks_its_agent_disconnected_and_closes(watcher_cleanup, monkeypatch, caplog):
-    from fleet import consumers
+    from fleet.live import consumer
 
     agent, token, ws = await connected_agent()
     assert (await Agent.objects.aget(pk=agent.pk)).connected
@@ -532,10 +536,10 @@ async def test_a_consumer_that_fails_marks_its_agent_disconnected_and_closes(wat
     def broken(message):
         raise RuntimeError("a bug nobody caught")
 
-    monkeypatch.setattr(consumers.protocol, "check_fields", broken)
-    with caplog.at_level(logging.ERROR, logger="fleet.consumers"):
+    monkeypatch.setattr(consumer.protocol, "check_fields", broken)
+    with caplog.at_level(logging.ERROR, logger="fleet.live.consumer"):
         await ws.send_json_to({"type": "heartbeat", "v": 1})
-        assert await close_code(ws) == consumers.FAILED_CLOSE_CODE
+        assert await close_code(ws) == consumer.FAILED_CLOSE_CODE
     assert "consumer failed" in caplog.text
     assert not (await Agent.objects.aget(pk=agent.pk)).connected
     monkeypatch.undo()
@@ -549,7 +553,7 @@ async def test_llmgw_agents_rekey_prints_the_new_token_once_and_drops_the_connec
 
     from django.core.management import call_command
 
-    from fleet.consumers import REVOKED_CLOSE_CODE
+    from fleet.live.consumer import REVOKED_CLOSE_CODE
 
     agent, old_token, ws = await connected_agent()
     out = io.StringIO()

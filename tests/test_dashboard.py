@@ -13,9 +13,9 @@ import pytest
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model, Profile
-from fleet import dashboard
+from fleet.ops import dashboard
 from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
-from fleet.operations import stop_cluster
+from fleet.ops.operations import stop_cluster
 from tests.processes import ROOT
 
 ARTIFACTS = ROOT / "test-artifacts"

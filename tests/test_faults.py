@@ -130,7 +130,7 @@ def served_after(traffic: Traffic, replica: Replica, after: float) -> list:
 def test_two_workers_race_for_the_pass_lock_one_pass_at_a_time_nothing_placed_twice(fleet):
     from django_q.tasks import async_task
 
-    from fleet.operations import cluster_status
+    from fleet.ops.operations import cluster_status
 
     profile = fake_profile("p-race")
     models = [place(f"race-{i}", profile=profile) for i in range(6)]

@@ -166,7 +166,7 @@ def test_get_on_a_post_endpoint_is_a_405_in_openai_shape(client):
 
 
 def test_a_stopped_cluster_answers_503_system_stopped_and_still_lists_models(client, servers, make_model):
-    from fleet.operations import start_cluster, stop_cluster
+    from fleet.ops.operations import start_cluster, stop_cluster
 
     wait_routed(client, serve(make_model("fake-model"), servers["engine"]))
     stop_cluster("test")

@@ -11,10 +11,11 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from fleet import reports
-from fleet.live import HeartbeatStamps, register_web_process
+from fleet.control import reports
+from fleet.live.watch import HeartbeatStamps, register_web_process
 from fleet.models import Agent, ControlPlane, Replica
-from fleet.reconciler import listening_since, reconcile
+from fleet.control.planes import listening_since
+from fleet.control.reconciler import reconcile
 
 pytestmark = pytest.mark.django_db
 
@@ -69,11 +70,11 @@ def test_stamps_that_cannot_be_written_are_kept_for_the_next_flush(monkeypatch):
     assert timezone.now() - Agent.objects.get(pk=a.pk).last_seen_at < timedelta(seconds=5)
 
 
-def test_touch_only_stamps_in_memory(django_assert_num_queries):
-    from fleet.live import heartbeats
+def test_a_stamp_is_only_kept_in_memory(django_assert_num_queries):
+    from fleet.live.watch import heartbeats
 
     with django_assert_num_queries(0):
-        reports.touch(42)
+        heartbeats.stamp(42)
     assert 42 in heartbeats.pending
     heartbeats.pending.clear()
 
@@ -171,7 +172,7 @@ def test_an_agent_back_without_an_engine_it_was_stopping_has_it_stopped(make_mod
 # --- crash loops ---------------------------------------------------------------------------
 
 def test_an_engine_dying_soon_after_each_start_stays_in_its_crash_loop(make_model, settings):
-    from fleet.reconciler import load_snapshot
+    from fleet.control.snapshot import load_snapshot
 
     settings.LLMGW_BACKOFF_RESET_AFTER_S = 60.0
     a = agent("a")
@@ -184,7 +185,7 @@ def test_an_engine_dying_soon_after_each_start_stays_in_its_crash_loop(make_mode
 
 
 def test_a_replica_ready_for_the_reset_period_ends_the_crash_loop(make_model, settings):
-    from fleet.reconciler import load_snapshot
+    from fleet.control.snapshot import load_snapshot
 
     settings.LLMGW_BACKOFF_RESET_AFTER_S = 60.0
     a = agent("a")

@@ -21,12 +21,12 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import call_command
 from django.utils import timezone
 
-from fleet import mirror
+from fleet.ops import mirror
 from fleet.agent.cache import WeightsCache, http_base
 from fleet.agent.engines import AgentConfig, EngineManager
 from fleet.agent.weights import WeightsError, fetch_weights
 from fleet.models import Agent, Replica
-from fleet.reports import record_replicas
+from fleet.control.reports import record_replicas
 from fleet.states import ReplicaState as S
 from tests.processes import daphne, free_port
 
@@ -294,7 +294,7 @@ def test_a_download_in_progress_stops_when_the_agent_is_rekeyed(transactional_db
                 await sync_to_async(lambda: Agent.objects.get(name="gpu-1").rekey())()
         return chunks
 
-    with caplog.at_level("WARNING", logger="fleet.mirror"):
+    with caplog.at_level("WARNING", logger="fleet.ops.mirror"):
         chunks = async_to_sync(collect)()
     response.file_to_stream.close()
     assert len(chunks) == 1 and len(chunks[0]) < len(data)  # nothing after the re-key

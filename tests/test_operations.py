@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
-from fleet import planner
+from fleet.planning import planner
 from fleet.models import Agent, ModelState, Replica
-from fleet.operations import start_cluster, stop_cluster
-from fleet.reconciler import reconcile
+from fleet.ops.operations import start_cluster, stop_cluster
+from fleet.control.reconciler import reconcile
 
 pytestmark = pytest.mark.django_db
 

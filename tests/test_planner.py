@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from fleet.planner import (
+from fleet.planning.planner import (
     AgentView, GpuView, ModelView, Move, MoveCause, Place, Policy, ProfileView, ReplicaView, Snapshot,
     desired_replicas, plan,
 )

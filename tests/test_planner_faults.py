@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleet.planner import (
+from fleet.planning.planner import (
     AgentView,
     GpuView,
     ModelView,

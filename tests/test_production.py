@@ -75,9 +75,9 @@ async def test_with_redis_the_reconciler_nudges_the_agent_at_once(make_model, wa
     from channels.testing import WebsocketCommunicator
 
     from fleet import protocol
-    from fleet.live import watcher
+    from fleet.live.watch import watcher
     from fleet.models import Agent
-    from fleet.reconciler import reconcile
+    from fleet.control.reconciler import reconcile
     from llmgw.asgi import application
 
     _, token = await sync_to_async(Agent.create_with_token)("cpu-1")

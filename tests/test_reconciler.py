@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet import reconciler
+from fleet.control import reconciler
 from fleet.models import Agent, ModelState, PassLock, Replica
 
 pytestmark = pytest.mark.django_db
@@ -93,8 +93,8 @@ def test_stopping_the_cluster_drains_ready_replicas(make_model, cluster):
 def test_engine_load_comes_from_metrics_and_goes_unknown_when_stale(make_model, settings):
     from datetime import timedelta
 
-    from fleet.reconciler import _loads
-    from fleet.scaling import Load
+    from fleet.control.snapshot import _loads
+    from fleet.planning.scaling import Load
 
     agent = connected_agent()
     m = make_model("m", min_replicas=1, max_replicas=3)
@@ -109,8 +109,8 @@ def test_engine_load_comes_from_metrics_and_goes_unknown_when_stale(make_model, 
 
 
 def test_engines_without_metrics_fall_back_to_the_gateways_in_flight_counts(make_model):
-    from fleet.reconciler import _loads
-    from fleet.scaling import Load
+    from fleet.control.snapshot import _loads
+    from fleet.planning.scaling import Load
 
     agent = connected_agent()
     m = make_model("m", min_replicas=1, max_replicas=3)
@@ -123,7 +123,6 @@ def test_a_scale_step_is_recorded_as_an_event(make_model, cluster):
     from datetime import timedelta
 
     from fleet.models import ScalingEvent
-    from fleet.usage import record_report
 
     cluster.scale_up_waiting = 1
     cluster.scale_up_after_s = 0

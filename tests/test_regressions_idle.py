@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet import reconciler
+from fleet.control import reconciler
 from fleet.models import Agent, ModelState, Replica, UsageReport
-from fleet.usage import record_report
+from fleet.control.usage import record_report
 
 pytestmark = pytest.mark.django_db
 

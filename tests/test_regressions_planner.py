@@ -1,6 +1,6 @@
 """Breaker: planner-level findings (pure, no DB)."""
 from tests.test_planner import NOW, ago, gpu_agent, model, rep, snap
-from fleet.planner import plan
+from fleet.planning.planner import plan
 from fleet.states import ReplicaState as S
 
 

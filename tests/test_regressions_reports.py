@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from fleet import reconciler, reports
+from fleet.control import reconciler, reports
 from fleet.models import Agent, Replica
 
 pytestmark = pytest.mark.django_db

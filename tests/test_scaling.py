@@ -1,11 +1,11 @@
-"""Load scaling rules on an injected clock (fleet.scaling), and through plan()."""
+"""Load scaling rules on an injected clock (fleet.planning.scaling), and through plan()."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from fleet.planner import AgentView, ModelView, Policy, ProfileView, ReplicaView, Snapshot, plan
-from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
+from fleet.planning.planner import AgentView, ModelView, Policy, ProfileView, ReplicaView, Snapshot, plan
+from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.states import ReplicaState as S
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from catalog.models import ScheduleWindow
 from catalog.schedules import Window, active_window, overlapping, parse_weekdays
-from fleet.planner import ModelView, Policy, ProfileView, desired_replicas
+from fleet.planning.planner import ModelView, Policy, ProfileView, desired_replicas
 
 NY = "America/New_York"
 OFFICE = Window(parse_weekdays("mon-fri"), time(9), time(17), 3, 5, id=1)

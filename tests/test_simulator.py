@@ -17,7 +17,7 @@ import pytest
 from django.core.management import call_command
 
 from catalog.schedules import Window
-from fleet import traces
+from fleet.simulation import traces
 from fleet.simulation import (
     Catalog,
     ClusterSpec,

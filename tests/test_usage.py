@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from catalog.models import Model
 from fleet.models import Agent, ModelState, Replica, UsageReport
-from fleet.reconciler import fresh_in_flight
-from fleet.usage import advance, merge_last_used, record_report
+from fleet.control.snapshot import fresh_in_flight
+from fleet.control.usage import advance, merge_last_used, record_report
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=tz.utc)
 

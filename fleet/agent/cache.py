@@ -38,9 +38,13 @@ from urllib.parse import quote
 
 import httpx
 
-from fleet.agent.weights import WeightsError
 
 log = logging.getLogger(__name__)
+
+
+class WeightsError(RuntimeError):
+    """The weights cannot be had; the message says why, for the operator."""
+
 
 CHUNK = 1024 * 1024
 PIECE = 64 * 1024 * 1024

@@ -8,19 +8,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from catalog.weights import parse_weights_source
+from fleet.agent.cache import WeightsCache, WeightsError
 
-if TYPE_CHECKING:
-    from fleet.agent.cache import WeightsCache
+__all__ = ["WeightsError", "fetch_weights"]
 
 log = logging.getLogger(__name__)
-
-
-class WeightsError(RuntimeError):
-    """The weights cannot be had; the message says why, for the operator."""
-
 
 def fetch_weights(uri: str, cache_dir: Path, *, server: str = "", token: str = "",
                   progress: Callable[[int, int], None] | None = None, cache: WeightsCache | None = None) -> Path:
@@ -107,8 +101,6 @@ def _from_hub(target: str, cache_dir: Path) -> Path:
 
 def _from_mirror(name: str, cache_dir: Path, server: str, token: str,
                  progress: Callable[[int, int], None] | None, cache: WeightsCache | None) -> Path:
-    from fleet.agent.cache import WeightsCache
-
     if not server or not token:
         raise WeightsError("mirror: weights need the control plane's URL and this agent's token")
     cache = cache or WeightsCache(cache_dir / "mirror")

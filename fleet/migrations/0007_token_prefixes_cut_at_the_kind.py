@@ -1,4 +1,4 @@
-"""Stored token prefixes recomputed with the fixed rule (``fleet.tokens.token_prefix``).
+"""Stored token prefixes recomputed with the fixed rule (``llmgw.tokens.token_prefix``).
 
 The old rule cut at the secret's *last* dash, so a secret containing '-' had most of itself
 stored in clear, and the new rule would no longer find those rows. An old prefix always

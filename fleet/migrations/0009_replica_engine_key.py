@@ -5,7 +5,7 @@ import secrets
 
 from django.db import migrations, models
 
-import fleet.tokens
+import llmgw.tokens
 
 
 def give_each_replica_a_key(apps, schema_editor):
@@ -30,6 +30,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='replica',
             name='engine_key',
-            field=models.CharField(default=fleet.tokens.new_engine_key, editable=False, max_length=64),
+            field=models.CharField(default=llmgw.tokens.new_engine_key, editable=False, max_length=64),
         ),
     ]

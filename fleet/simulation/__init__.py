@@ -1,13 +1,13 @@
 """A fleet simulator that drives the real planner: GPU-hours and SLO attainment from a trace.
 
-Requests arrive from a trace (:mod:`fleet.traces`); simulated replicas start, serve and stop
-on a simulated clock; the real ``fleet.planner.plan()`` and load-scaling rules decide every
+Requests arrive from a trace (:mod:`fleet.simulation.traces`); simulated replicas start, serve and stop
+on a simulated clock; the real ``fleet.planning.planner.plan()`` and load-scaling rules decide every
 placement, eviction and scale step, called as the reconciler calls them. A day of a million
 requests runs in well under a minute. Pure Python and numpy: no database (except
 :func:`~fleet.simulation.catalog.catalog_from_db`), no processes, no GPUs.
 
     from fleet.simulation import SimConfig, parse_fleet, read_catalog, simulate
-    from fleet.traces import read_trace
+    from fleet.simulation.traces import read_trace
 
     report = simulate(read_catalog("catalog.json"), parse_fleet("8x8xH100-80G"), read_trace("day.jsonl"))
     report.totals["gpu_hours"], report.totals["slo_attainment"]
@@ -37,7 +37,7 @@ from fleet.simulation.catalog import (
 )
 from fleet.simulation.engine import SimConfig, Simulator
 from fleet.simulation.report import Report, build_report, compare, plot
-from fleet.traces import Trace
+from fleet.simulation.traces import Trace
 
 __all__ = [
     "AgentSpec", "Catalog", "ClusterSpec", "LatencyModel", "ModelSpec", "Report", "SimConfig", "Simulator",

@@ -31,7 +31,7 @@ from datetime import time
 from pathlib import Path
 
 from catalog.schedules import Window, parse_weekdays
-from fleet.scaling import SCALE_DOWN_HEADROOM
+from fleet.planning.scaling import SCALE_DOWN_HEADROOM
 
 #: Defaults of ``catalog.models.ClusterSettings`` and the settings the reconciler reads
 #: (tests assert they agree), so a file that states nothing simulates a default cluster.

@@ -14,7 +14,7 @@ It plays the parts the real cluster splits between processes, on a simulated clo
 * **reconciler** — a pass every ``reconcile_interval_s`` on a fixed grid, and an extra one
   when a request wants a cold on-demand model or an agent reports a replica stopped (as the
   real shell requests them), never two closer than ``pass_gap_s``. Each pass builds a
-  ``planner.Snapshot`` exactly as ``fleet.reconciler.load_snapshot`` does (load over ready
+  ``planner.Snapshot`` exactly as ``fleet.control.snapshot.load_snapshot`` does (load over ready
   replicas from engine metrics or in-flight counts; last use and in-flight per replica as
   the gateway reports them; demand kept alive by use; the window in force), calls the
   real ``plan()`` and applies it: places, drains, stops, and stores ``outcome.scaling``.
@@ -53,11 +53,11 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from catalog.schedules import active_window, window_interval
-from fleet import planner
-from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
+from fleet.planning import planner
+from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
-from fleet.traces import Trace
+from fleet.simulation.traces import Trace
 
 S = ReplicaState
 INF = float("inf")
@@ -389,7 +389,7 @@ class Simulator:
         self.hot.add(m)
 
     def _want(self, m: _Model, t: float) -> None:
-        """``fleet.demand.want``: wanted now, a failed placement forgotten, a pass at once.
+        """``fleet.control.demand.want``: wanted now, a failed placement forgotten, a pass at once.
         While a replica of the model is already on its way, the pass this would request
         decides nothing new for it, so the simulator leaves it to the next tick."""
         m.wanted_s = t
@@ -432,7 +432,7 @@ class Simulator:
         del self.live[r.id]
         m.reps.remove(r)
         self._release(t, r)
-        self._request_pass(t)  # fleet.reports: a stopped replica frees room, so a pass runs
+        self._request_pass(t)  # fleet.control.reports: a stopped replica frees room, so a pass runs
 
     def _release(self, t: float, r: _Rep) -> None:
         m = r.model
@@ -491,7 +491,7 @@ class Simulator:
 
     def _included(self, t: float) -> list[_Model]:
         """The models this pass puts in the snapshot, in catalog order; demand kept alive
-        by use first (``fleet.usage.keep_demand_alive``)."""
+        by use first (``fleet.control.usage.keep_demand_alive``)."""
         out, cold = [], []
         for m in self.hot:
             if m.wanted_s is not None:
@@ -569,7 +569,7 @@ class Simulator:
         return min((d for d in due if d > now), default=FOREVER)
 
     def _load(self, m: _Model) -> tuple[int, int, int] | None:
-        """``fleet.reconciler._loads``: over ready replicas, from engine metrics when the
+        """``fleet.control.snapshot._loads``: over ready replicas, from engine metrics when the
         profile declares them, else in-flight counts as running with nothing waiting."""
         ready = m.ready
         if not ready:
@@ -626,7 +626,7 @@ class Simulator:
         return self._agents
 
     def _snapshot(self, t: float, now: datetime, included: list[_Model], full: bool = False) -> planner.Snapshot:
-        """``fleet.reconciler.load_snapshot`` for ``included`` models (every model if
+        """``fleet.control.snapshot.load_snapshot`` for ``included`` models (every model if
         ``full``) and every replica holding resources."""
         models = self.models if full else included
         fresh = {m.id for m in models}
@@ -656,7 +656,7 @@ class Simulator:
                                      f"left alone: {b}")
 
     def _apply(self, result: planner.Plan, t: float, now: datetime, included: list[_Model]) -> None:
-        """``fleet.reconciler.apply_plan`` in memory."""
+        """``fleet.control.reconciler.apply_plan`` in memory."""
         warm = self.config.warm_start and t == 0.0
         for action in result.actions:
             if isinstance(action, planner.Place):

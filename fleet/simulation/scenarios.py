@@ -14,7 +14,7 @@ from datetime import time
 import numpy as np
 
 from catalog.schedules import Window
-from fleet import traces
+from fleet.simulation import traces
 from fleet.simulation.catalog import Catalog, ClusterSpec, LatencyModel, ModelSpec
 
 WEEKDAYS = (0, 1, 2, 3, 4)

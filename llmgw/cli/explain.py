@@ -3,7 +3,7 @@
 import json
 
 from catalog.models import Model
-from fleet.explain import explain_model
+from fleet.ops.explain import explain_model
 
 HELP = "Explain a model's state: desired and ready replicas, demand, last use, placement reason."
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from catalog.models import Model
-from fleet import mirror
+from fleet.ops import mirror
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Keep model weights in the control plane's mirror, for agents to download (mirror:NAME): "

@@ -16,7 +16,7 @@ import time
 from django.utils import timezone
 
 from fleet.models import Agent
-from fleet.operations import control_planes, leader_host, request_agent_restarts
+from fleet.ops.operations import control_planes, leader_host, request_agent_restarts
 from llmgw.cli.output import FAILED, NO_SYSTEMD, OK
 from llmgw.cli.systemd import UNITS, systemctl, systemd_available
 

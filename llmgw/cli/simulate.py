@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from fleet import traces
+from fleet.simulation import traces
 from fleet.simulation import (
     SimConfig,
     baseline,
@@ -36,7 +36,7 @@ EPILOG = """examples:
   llmgw simulate --scenario diurnal-long-tail                     the published day (1M requests, 200 models)
   llmgw simulate --trace day.jsonl --catalog catalog.yaml --fleet 8x8xH100-80G
   llmgw simulate --usage-records --since 24h --from-db            replay the last day of this cluster
-trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/traces.py);
+trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/simulation/traces.py);
 usage-record exports (at, model, prompt_tokens, completion_tokens, total_ms) are replayed too."""
 
 

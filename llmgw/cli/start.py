@@ -4,7 +4,7 @@ import time
 
 from django.utils import timezone
 
-from fleet.operations import models_short_of_ready, start_cluster
+from fleet.ops.operations import models_short_of_ready, start_cluster
 from llmgw.cli.output import FAILED, OK
 from llmgw.cli.progress import StatusLine
 

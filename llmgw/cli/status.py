@@ -1,6 +1,6 @@
 """``llmgw status``: the cluster at a glance."""
 
-from fleet.operations import cluster_status
+from fleet.ops.operations import cluster_status
 from llmgw.cli.output import OK, console, table, write_json
 
 HELP = "Show the cluster: serving or STOPPED, control planes, agents, models, replicas (--json for scripts)."

@@ -3,7 +3,7 @@
 import getpass
 import time
 
-from fleet.operations import replicas_running, stop_cluster
+from fleet.ops.operations import replicas_running, stop_cluster
 from llmgw.cli.output import FAILED, OK
 from llmgw.cli.progress import StatusLine
 

@@ -194,7 +194,7 @@ class Group:
 def ensure_demo_key() -> str:
     """The demo's API key: kept (in clear, mode 600) in the data directory so repeated
     `up` runs print the same working key; re-created if it was revoked or deleted."""
-    from fleet import tokens
+    from llmgw import tokens
     from gateway.models import ApiKey
 
     path = Path(settings.DATA_DIR) / "demo_api_key"

@@ -112,7 +112,7 @@ class ReplicaStatusSerializer(serializers.Serializer):
 
 
 class ClusterStatusSerializer(serializers.Serializer):
-    """``fleet.operations.cluster_status()``: the same as ``llmgw status --json``."""
+    """``fleet.ops.operations.cluster_status()``: the same as ``llmgw status --json``."""
 
     serving = serializers.BooleanField()
     stopped = serializers.BooleanField()

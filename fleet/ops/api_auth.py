@@ -1,5 +1,5 @@
 """REST API authentication: hashed tokens (``Authorization: Token …`` or ``Bearer …``) that
-expire, and HTTP basic with failed attempts throttled (``fleet.auth_throttle``)."""
+expire, and HTTP basic with failed attempts throttled (``llmgw.auth_throttle``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, BasicAuthentication
 
-from fleet import auth_throttle, tokens
+from llmgw import auth_throttle, tokens
 from fleet.models import ApiToken
 
 
@@ -60,7 +60,7 @@ class HashedTokenScheme(OpenApiAuthenticationExtension):
     """``Authorization: Token llmgw-api-…`` in the OpenAPI schema (drf-spectacular finds
     extensions by subclassing; without one it warns and leaves the scheme out)."""
 
-    target_class = "fleet.api_auth.HashedTokenAuthentication"
+    target_class = "fleet.ops.api_auth.HashedTokenAuthentication"
     name = "llmgwToken"
 
     def get_security_definition(self, auto_schema):

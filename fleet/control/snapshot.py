@@ -1,62 +1,22 @@
-"""The reconciler's shell: load a snapshot, take the pass lock, ``plan()``, apply, record.
-
-Only this module (and the report ingestion in ``fleet.reports``) writes replica states on
-the control plane's side. Passes are serialised cluster-wide by ``PassLock``.
+"""Everything one reconcile pass needs, read from the database into the planner's plain
+``Snapshot`` in a handful of queries (docs/architecture.md, "The reconcile pass").
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q, Sum
-from django.utils import timezone
 
-from catalog.models import ClusterSettings, Model
-from fleet import planner
-from catalog.models import Benchmark, ScheduleWindow
+from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
 from catalog.schedules import active_window
-from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica, ScalingEvent, UsageReport
-from fleet.scaling import Load, ScalingPolicy
+from fleet.control.planes import listening_since
+from fleet.models import Agent, Gpu, ModelState, Replica, UsageReport
+from fleet.planning import planner
+from fleet.planning.scaling import Load, ScalingPolicy
 from fleet.states import HOLDS_RESOURCES, ReplicaState
-
-log = logging.getLogger(__name__)
-
-MAX_PASSES_PER_RUN = 20
-
-
-def holder_id() -> str:
-    """This process's name on the pass lock. Computed per call: django-q2 forks its workers
-    after import, so a module-level value would give every worker the parent's pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def listening_since(now: datetime) -> datetime | None:
-    """Since when the web processes could record heartbeats without a gap, for the
-    lost-agent rule (``planner.Policy.listening_since``).
-
-    Each web process re-registers every ``LLMGW_CONTROL_PLANE_HEARTBEAT`` and restarts its
-    row's ``started_at`` after a gap (``fleet.live``). None when no web process ever
-    registered; ``now`` when none has registered lately (all stalled, or the database was
-    away): nobody could hear the agents, so nobody is blamed.
-    """
-    fresh_after = now - timedelta(seconds=control_plane_stall_s())
-    rows = list(ControlPlane.objects.filter(role=ControlPlane.Role.WEB).values_list("started_at", "last_seen_at"))
-    if not rows:
-        return None
-    fresh = [started for started, seen in rows if seen >= fresh_after]
-    return max(fresh) if fresh else now
-
-
-def control_plane_stall_s() -> float:
-    """A control plane not heard from for this long was stalled (or is gone)."""
-    return 2 * settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S + 1.0
 
 
 def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Policy:
@@ -205,7 +165,7 @@ def proved_stable(now: datetime, horizon: datetime) -> dict[int, datetime]:
 
 def is_back(replica: Replica) -> bool:
     """A lost replica whose agent has reported its engine ready since it was lost: the
-    report stamps ``ready_at`` and leaves the state to the planner (``fleet.reports``)."""
+    report stamps ``ready_at`` and leaves the state to the planner (``fleet.control.reports``)."""
     return (
         replica.state == ReplicaState.LOST.value
         and replica.ready_at is not None
@@ -232,136 +192,3 @@ def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:
         entry[1] = None if entry[1] is None or running is None else entry[1] + running
         entry[2] = None if entry[2] is None or waiting is None else entry[2] + waiting
     return {model_id: Load(n, running, waiting) for model_id, (n, running, waiting) in acc.items()}
-
-
-def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datetime | None] | None = None) -> set[int]:
-    """Write a plan's actions and outcomes; returns the agents whose desired set moved."""
-    touched: set[int] = set()
-    models = {m.id: m for m in Model.objects.select_related("profile").filter(
-        id__in=[p.model_id for p in result.places]
-    )}
-    # Places, then moves in replica id order: report ingestion locks rows in that order too,
-    # so the two never deadlock on PostgreSQL.
-    ordered = result.places + sorted(result.moves, key=lambda move: move.replica_id)
-    for action in ordered:
-        if isinstance(action, planner.Place):
-            model = models[action.model_id]
-            Replica.objects.create(
-                model=model, profile=model.profile, agent_id=action.agent_id,
-                gpu_indices=list(action.gpu_indices), cpu_cores=action.cpu_cores,
-                memory_mib=action.memory_mib, state=ReplicaState.PLACING.value,
-                reason=action.reason,
-            )
-            touched.add(action.agent_id)
-            log.info("placing %s: %s", model.name, action.reason)
-        else:
-            replica = Replica.objects.filter(pk=action.replica_id).first()
-            if replica is None:
-                continue
-            reason = action.reason
-            if replica.state == ReplicaState.DRAINING.value:
-                reason = f"{replica.reason}; then {action.reason}"  # keep why it was drained
-            if replica.transition(action.to, reason=reason):
-                touched.add(replica.agent_id)
-                log.info("replica %s → %s: %s", replica.pk, action.to, action.reason)
-    for model_id, outcome in result.models.items():
-        fields = {
-            "desired": outcome.desired,
-            "reason": outcome.reason,
-            "unservable": outcome.unservable,
-            "extra_replicas": outcome.scaling.extra,
-            "busy_since": outcome.scaling.busy_since,
-            "quiet_since": outcome.scaling.quiet_since,
-            "observed_per_replica": outcome.scaling.observed_per_replica,
-            "crowded_since": outcome.scaling.crowded_since,
-        }
-        if outcome.scaled is not None:
-            before, after, why = outcome.scaled
-            ScalingEvent.objects.create(model_id=model_id, at=now, from_replicas=before, to_replicas=after, reason=why)
-            log.info("scaling model %s: %d → %d: %s", model_id, before, after, why)
-        state, _ = ModelState.objects.get_or_create(model_id=model_id)
-        if wanted_seen is not None and state.wanted_at != wanted_seen.get(model_id):
-            # Wanted again since this pass read the snapshot: its verdict ("unservable",
-            # "idle") is about the old demand. Keep the new request's fresh start; the pass
-            # it requested decides.
-            fields["unservable"] = False
-            fields.pop("reason")
-            outcome.forget_demand = False
-        changed = [k for k, v in fields.items() if getattr(state, k) != v]
-        for k in changed:
-            setattr(state, k, fields[k])
-        if outcome.forget_demand and state.wanted_at is not None:
-            state.wanted_at = None
-            changed.append("wanted_at")
-        if changed:
-            state.reason_at = now
-            state.save(update_fields=changed + ["reason_at"])
-    for note in result.notes:
-        log.warning("%s", note)
-    Agent.bump_generation(touched)
-    return touched
-
-
-def run_pass(now: datetime | None = None) -> planner.Plan:
-    """One pass, assuming the caller holds the pass lock."""
-    now = now or timezone.now()
-    snapshot = load_snapshot(now)
-    result = planner.plan(snapshot, now)
-    with transaction.atomic():
-        touched = apply_plan(result, now, {m.id: m.wanted_at for m in snapshot.models})
-    if touched:
-        transaction.on_commit(lambda: nudge_agents(touched))
-    return result
-
-
-def nudge_agents(agent_ids) -> None:
-    """With a shared channel layer (Redis), deliver the new desired sets at once; without
-    one the web processes' watchers notice the generation move within a tick."""
-    if not settings.REDIS_URL:
-        return
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    from fleet.consumers import agent_group
-
-    layer = get_channel_layer()
-    for agent_id in agent_ids:
-        try:
-            async_to_sync(layer.group_send)(agent_group(agent_id), {"type": "agent.assign"})
-        except Exception:  # the watcher delivers anyway
-            log.warning("could not nudge agent %s over the channel layer", agent_id, exc_info=True)
-
-
-def reconcile(holder: str | None = None) -> int:
-    """Run passes while holding the lock, until no pass was requested during the last one.
-    Returns how many passes ran (0 when another holder has the lock: it will see our
-    request and run again)."""
-    holder = holder or holder_id()
-    passes = 0
-    while passes < MAX_PASSES_PER_RUN:
-        now = timezone.now()
-        seen = PassLock.try_acquire(holder, now, settings.LLMGW_PASS_LOCK_TTL_S)
-        if seen is None:
-            return passes
-        try:
-            started = time.time()
-            run_pass(now)
-            # Machine-readable, for checking that passes never overlap (tests/test_faults.py).
-            log.debug("pass by %s ran from %.6f to %.6f", holder, started, time.time())
-        except Exception:
-            log.exception("reconcile pass failed")
-            PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)
-            raise
-        passes += 1
-        if PassLock.release_if_unchanged(holder, seen, timezone.now()):
-            return passes
-    PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)
-    return passes
-
-
-def request_pass() -> None:
-    """Ask for a pass as soon as possible (after the current transaction commits)."""
-    from django_q.tasks import async_task
-
-    PassLock.request_pass()
-    transaction.on_commit(lambda: async_task("fleet.tasks.reconcile_now", q_options={"ack_failure": True}))

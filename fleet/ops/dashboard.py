@@ -1,4 +1,4 @@
-"""The cluster at a glance, as plain data for the dashboard page (``fleet.views``).
+"""The cluster at a glance, as plain data for the dashboard page (``fleet.ops.views``).
 
 :func:`load` reads the database in a handful of queries; everything else here is pure and
 shapes rows into what the template shows: each agent's GPUs (memory used of total, which

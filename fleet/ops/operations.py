@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
-from fleet.reconciler import nudge_agents, request_pass
+from fleet.control.reconciler import request_pass
+from fleet.groups import nudge_agents, restart_agents
 from fleet.states import HOLDS_RESOURCES, ReplicaState
 
 
@@ -70,15 +71,7 @@ def request_agent_restarts() -> list[str]:
     names. Delivered by the watcher of the web process holding each websocket."""
     agents = list(Agent.objects.filter(connected=True).order_by("name"))
     Agent.objects.filter(pk__in=[a.pk for a in agents]).update(restart_generation=F("restart_generation") + 1)
-    if settings.REDIS_URL:
-        from asgiref.sync import async_to_sync
-        from channels.layers import get_channel_layer
-
-        from fleet.consumers import agent_group
-
-        layer = get_channel_layer()
-        for agent in agents:
-            async_to_sync(layer.group_send)(agent_group(agent.pk), {"type": "agent.restart"})
+    restart_agents([a.pk for a in agents])
     return [a.name for a in agents]
 
 
@@ -230,7 +223,7 @@ def evict_model(model: Model, by: str = "") -> int:
 def want_model(model: Model) -> None:
     """Ask for an on-demand model now, as a request for it would. ValueError for a model
     that is not on demand or is served elsewhere."""
-    from fleet.demand import want
+    from fleet.control.demand import want
 
     if model.is_external or not model.on_demand:
         raise ValueError(f"{model.name} is not an on-demand model served here")

@@ -1,7 +1,7 @@
 """The reconciler's pure core: ``plan(snapshot, now)`` → actions and explanations.
 
 No ORM, no I/O, no clock of its own: everything it knows comes in the snapshot and ``now``
-(DESIGN, Reconciler rules). The shell in ``fleet.reconciler`` loads the snapshot from the
+(DESIGN, Reconciler rules). The shell in ``fleet.control.reconciler`` loads the snapshot from the
 database, applies the actions and stores the explanations.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from datetime import datetime
 
-from fleet.scaling import Load, ScalingPolicy, ScalingState, evaluate
+from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, ReplicaState
 
 S = ReplicaState
@@ -103,7 +103,7 @@ class ModelView:
     busy_since: datetime | None = None
     quiet_since: datetime | None = None
     #: Capacity per replica learned from load, and since when fewer replicas would be too
-    #: full (``fleet.scaling.ScalingState``).
+    #: full (``fleet.planning.scaling.ScalingState``).
     observed_per_replica: int | None = None
     crowded_since: datetime | None = None
     #: Load over its ready replicas (None: unknown) and measured capacity per replica.
@@ -413,7 +413,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                     result.actions.append(Move(r.id, S.STOPPING, f"agent {agents[r.agent_id].name} {heard}",
                                                MoveCause.AGENT_SILENT))
                     states[r.id] = S.STOPPING
-                # stopping: the agent stops it when back, or reconnects without it (fleet.reports)
+                # stopping: the agent stops it when back, or reconnects without it (fleet.control.reports)
 
     usable: dict[int, str | None] = {}
     for a in snapshot.agents:

@@ -3,7 +3,7 @@ heartbeats in; the full desired set (``assign``) and ``restart_agent`` out.
 
 What an agent may not do (issue 12): authenticate other than with ``Authorization: Bearer``
 (query strings end up in access logs); keep its socket once its token was re-keyed or it was
-deleted (:func:`revoke_sessions` closes it through the channel layer, and the consumer
+deleted (``fleet.groups.revoke_sessions`` closes it through the channel layer, and the consumer
 re-checks its token on heartbeats for when no shared layer reaches it); advertise an address
 that is not an IP or host name; take the consumer down with binary frames or pathological
 JSON. If the consumer fails anyway, the agent's row is marked disconnected and the socket
@@ -17,16 +17,16 @@ import json
 import logging
 import time
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
-from fleet import protocol, reports
-from fleet.live import watcher
+from fleet import protocol
+from fleet.groups import agent_group
+from fleet.control import reports
+from fleet.live.watch import heartbeats, watcher
 
 log = logging.getLogger(__name__)
 
@@ -35,28 +35,6 @@ REFUSED_CLOSE_CODE = 4401  # missing or unknown token (before accept: HTTP 403)
 BAD_HELLO_CLOSE_CODE = 4400  # a hello the control plane will not record (bad address)
 REVOKED_CLOSE_CODE = 4403  # its token was re-keyed, or the agent was deleted
 FAILED_CLOSE_CODE = 1011  # the consumer failed; the agent reconnects
-
-
-def agent_group(agent_id: int) -> str:
-    """The channel-layer group of one agent's websocket (one member: its consumer)."""
-    return f"agent.{agent_id}"
-
-
-def revoke_sessions(agent_id: int) -> None:
-    """Close the live websocket of agent ``agent_id`` now, in whichever web process holds
-    it: an ``agent.revoked`` event to its group. Call from sync code after the re-key or
-    delete is committed (``Agent.rekey``, the ``post_delete`` signal). Reaches other
-    processes only over a shared layer (Redis); otherwise the consumer's token re-check on
-    heartbeats (``LLMGW_AGENT_TOKEN_RECHECK``) closes it. Never raises: a layer that is
-    away must not fail the re-key itself."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(agent_group(agent_id), {"type": "agent.revoked"})
-    except Exception:
-        log.warning("could not tell the web processes that agent %s was revoked; its token re-check closes "
-                    "its websocket within LLMGW_AGENT_TOKEN_RECHECK", agent_id, exc_info=True)
 
 
 def _token_from_scope(scope) -> str:
@@ -243,7 +221,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Re-check the token at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds (the
         level-triggered side of revocation, for re-keys no channel layer delivered): before
         any message of the agent is applied and before anything is sent to it. A silent
-        agent is covered by the watcher's sweep (``fleet.live.Watcher``).
+        agent is covered by the watcher's sweep (``fleet.live.watch.Watcher``).
 
         While the database is away (PostgreSQL restarting) the token counts as valid and is
         checked again after the same interval: a re-key needs the database too, and dropping
@@ -264,12 +242,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _handle(self, message: dict) -> None:
         kind = message["type"]
         if kind == "heartbeat":
-            await database_sync_to_async(reports.touch)(self.agent_id)
+            heartbeats.stamp(self.agent_id)
         elif kind == "hello":
             await database_sync_to_async(reports.record_hello)(self.agent_id, message)
             await self.push_assign(force=True)
         elif kind == "status":
-            await database_sync_to_async(reports.touch)(self.agent_id)
+            heartbeats.stamp(self.agent_id)
             await database_sync_to_async(reports.record_status)(self.agent_id, message)
 
     async def push_assign(self, force: bool = False) -> None:

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.models import ModelState
-from fleet.reconciler import request_pass
+from fleet.control.reconciler import request_pass
 
 
 def want(model_id: int) -> None:

@@ -1,6 +1,6 @@
 """REST API for the fleet and cluster operations: cluster status, stop and start; agents
 (cordon, uncordon, drain); replicas; wanting and evicting on-demand models; explain. Thin:
-each view calls ``fleet.operations`` and shapes the answer.
+each view calls ``fleet.ops.operations`` and shapes the answer.
 
 Every view needs staff and a permission: the model's view/add permission, or the act's
 (``llmgw.permissions.ACTS``), the same as the admin and the dashboard ask for."""
@@ -25,10 +25,10 @@ from rest_framework.views import APIView
 
 from catalog.api import int_param
 from catalog.models import Model
-from fleet import auth_throttle
+from llmgw import auth_throttle
 from fleet.models import Agent, ApiToken, Replica
-from fleet.shown_once import shown_once_api_response
-from fleet.operations import (
+from llmgw.shown_once import shown_once_api_response
+from fleet.ops.operations import (
     cluster_status,
     drain_agent,
     evict_model,
@@ -37,7 +37,7 @@ from fleet.operations import (
     stop_cluster,
     want_model,
 )
-from fleet.serializers import (
+from fleet.ops.serializers import (
     AgentActionSerializer,
     AgentCreatedSerializer,
     AgentSerializer,
@@ -202,7 +202,7 @@ class ExplainView(APIView):
     @extend_schema(responses={200: ExplainSerializer, 404: OpenApiResponse(description="No such model.")})
     def get(self, request, name: str):
         # The CLI owns the shape; imported here so fleet's import graph stays below llmgw.
-        from fleet.explain import explain_model
+        from fleet.ops.explain import explain_model
 
         model = Model.resolve(name)
         if model is None:
@@ -214,7 +214,7 @@ class ObtainToken(APIView):
     """POST username and password → a new REST API token, shown once (stored hashed; it
     expires after ``LLMGW_API_TOKEN_TTL``). Failed attempts are counted per username and
     per client address: past ``LLMGW_AUTH_FAILURE_LIMIT`` in a window, 429 with
-    ``Retry-After`` (``fleet.auth_throttle``)."""
+    ``Retry-After`` (``llmgw.auth_throttle``)."""
 
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []

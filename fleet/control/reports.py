@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from fleet import protocol
 from fleet.models import Agent, Gpu, Replica
-from fleet.reconciler import is_back, request_pass
+from fleet.control.reconciler import request_pass
+from fleet.control.snapshot import is_back
 from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, can_transition
 
 log = logging.getLogger(__name__)
@@ -44,16 +45,6 @@ def mark_disconnected(agent_id: int, session: str) -> None:
     # grace, which covers an agent restarting in place.
     Agent.objects.filter(pk=agent_id, session=session).update(connected=False, last_seen_at=timezone.now())
     request_pass()
-
-
-def touch(agent_id: int) -> None:
-    """A message arrived: the agent is alive. Stamped now, on arrival (never by the agent's
-    clock), in memory; the web process's watcher writes the stamps in batches, so a
-    thousand heart-beating agents cost a few UPDATEs a second and a database that is away
-    for a while loses no stamp (``fleet.live.HeartbeatStamps``)."""
-    from fleet.live import heartbeats
-
-    heartbeats.stamp(agent_id)
 
 
 def _count(value, maximum: int = 2**31 - 1) -> int | None:
@@ -158,7 +149,7 @@ def _target_state(current: ReplicaState, reported: str) -> ReplicaState | None:
     if current in (S.DRAINING, S.STOPPING):
         return None  # on its way out; the engine's own progress does not matter
     if current == S.LOST:
-        return None  # its agent is back: the planner decides whether it stays (fleet.planner)
+        return None  # its agent is back: the planner decides whether it stays (fleet.planning.planner)
     if rep in (S.DOWNLOADING, S.STARTING, S.READY) and can_transition(current, rep):
         return rep
     return None

@@ -347,7 +347,7 @@ class Watcher:
         report = usage.take_report(set(self._routed_at))
         self._last_flush = now
         if report:
-            from fleet.usage import record_report
+            from fleet.control.usage import record_report
 
             await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
 
@@ -356,9 +356,9 @@ def register_web_process() -> None:
     """Register (or refresh) this web process as a control plane. After a gap — this
     process or the database stalled, so heartbeats may have gone unrecorded — its row's
     ``started_at`` restarts: the lost-agent rule counts silence from there
-    (``fleet.reconciler.listening_since``)."""
+    (``fleet.control.planes.listening_since``)."""
     from fleet.models import ControlPlane
-    from fleet.reconciler import control_plane_stall_s
+    from fleet.control.planes import control_plane_stall_s
 
     now = timezone.now()
     ControlPlane.objects.filter(
@@ -397,7 +397,7 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     # database (or every web process) was away, stamps are still on their way.
     now = timezone.now()
     heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
-    from fleet.reconciler import listening_since
+    from fleet.control.planes import listening_since
 
     listening = listening_since(now)
     if listening is not None and listening > heard_since:

@@ -332,7 +332,7 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     def still_allowed() -> bool:  # runs in the streaming thread: its connection is closed after
         from django.db import connection
 
-        from fleet.reports import token_still_valid
+        from fleet.control.reports import token_still_valid
 
         try:
             return token_still_valid(agent.pk, agent.token_sha256)

@@ -1,6 +1,6 @@
 """The cluster dashboard (staff only, inside the admin): the page, the fragment it reloads
-itself with, and its actions. Views stay thin: the data comes from ``fleet.dashboard``, the
-actions from ``fleet.operations``.
+itself with, and its actions. Views stay thin: the data comes from ``fleet.ops.dashboard``, the
+actions from ``fleet.ops.operations``.
 
 Actions that take capacity away (stop or start the cluster, drain an agent, evict a model)
 answer GET with a confirmation page and act on POST; cordon, uncordon and want act on POST
@@ -28,8 +28,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from catalog.models import Model
-from fleet import dashboard as data
-from fleet import operations
+from fleet.ops import dashboard as data
+from fleet.ops import operations
 from fleet.models import Agent
 from llmgw.permissions import Act, can
 

