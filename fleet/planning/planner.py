@@ -227,7 +227,7 @@ def base_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     on-demand model with that at 0 runs one while wanted within its idle timeout."""
     if model.external:
         return 0
-    low = model.window_min if model.window_min is not None else model.min_replicas
+    low = min_replicas_now(model)
     if not model.on_demand or low > 0:
         return low
     if model.wanted_at is None:
@@ -455,9 +455,8 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                                                        f"within {_fmt_s(policy.placing_timeout_s)}",
                                        MoveCause.NOT_TAKEN_UP))
             states[r.id] = S.FAILED
-            for room in (rooms.get(r.agent_id),):
-                if room is not None:
-                    room.give_back(r)
+            if r.agent_id in rooms:
+                rooms[r.agent_id].give_back(r)
 
     # 2. Draining → stopping.
     for r in snapshot.replicas:
@@ -514,7 +513,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
             continue
         if policy.stopped:
             outcome.reason = "cluster stopped"
-        if m.on_demand and m.wanted_at is not None and base_replicas(m, policy, now) == 0 and min_replicas_now(m) == 0:
+        if m.on_demand and m.wanted_at is not None and base_replicas(m, policy, now) == 0:
             if not policy.stopped:
                 outcome.forget_demand = True
                 idle = (now - m.wanted_at).total_seconds()
@@ -551,9 +550,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
                 why = outcome.reason or f"surplus: {len(active)} running, {desired[m.id]} wanted"
                 to = S.DRAINING if states[r.id] == S.READY else S.STOPPING
                 result.actions.append(Move(r.id, to, why, cause))
-                states[r.id] = to
-                if to == S.STOPPING:
-                    pass  # resources stay held until the agent reports it stopped
+                states[r.id] = to  # a stopping one holds its resources until the agent reports it stopped
         elif not outcome.reason and desired[m.id] > 0:
             outcome.reason = f"{desired[m.id]} wanted, all placed"
         if not outcome.reason and desired[m.id] == 0:
@@ -757,7 +754,7 @@ def _make_room(
         left[r.model_id] -= 1
         trial[r.agent_id].give_back(r)
         chosen[r.agent_id].append((r, idle))
-        gpus, why = trial[r.agent_id].fit(m.profile)
+        _, why = trial[r.agent_id].fit(m.profile)
         if why is None:
             victims = chosen[r.agent_id]
             names = []
