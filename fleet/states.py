@@ -55,6 +55,8 @@ HOLDS_RESOURCES = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READY, S.DR
 COUNTS_TOWARDS_DESIRED = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READY})
 #: Replicas not yet ready but on their way.
 COMING_UP = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING})
+#: On their way out but still holding resources: room that frees once the agent stops them.
+RELEASING = frozenset({S.DRAINING, S.STOPPING})
 #: States the agent should be running (sent in ``assign``).
 ASSIGNED_TO_AGENT = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READY, S.DRAINING})
 #: Nothing more happens to these.
