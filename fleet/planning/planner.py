@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from datetime import datetime
 
-from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
-from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, ReplicaState
+from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, Step, evaluate
+from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, RELEASING, ReplicaState
 
 S = ReplicaState
 
@@ -361,250 +361,601 @@ def _group_reasons(reasons: list[str], limit: int = 6) -> str:
 def plan(snapshot: Snapshot, now: datetime) -> Plan:
     """One reconcile pass: which replicas to place, drain, stop or mark lost, and why.
 
-    Deterministic for a given snapshot and ``now``. Rules, in order:
-
-    1. Agents silent for ``agent_lost_after_s`` lose their replicas (→ lost) — unless more
-       than half the agents went silent together, which means this control plane stalled:
-       then nothing is marked lost (DESIGN, "Lost agents vs a stalled control plane").
-       Silence is counted from ``policy.listening_since`` at the earliest.
-    2. Draining replicas stop when their in-flight count is known to be 0 or the drain
-       grace has passed.
-    3. Per model (fixed-min models first, then on-demand ones by when they were wanted):
-       place missing replicas (spread across agents, then pack), making room for a wanted
-       on-demand model by evicting idle replicas of other on-demand models, least recently
-       used first; surplus replicas drain (ready) or stop (not yet ready). Lost replicas
-       whose agent is heard from again are duplicates if the model's other replicas are
-       ready in the numbers wanted: they stop first. Otherwise a lost replica reported
-       ready is taken back (→ ready) and the others, not ready yet, are the surplus.
+    Deterministic for a given snapshot and ``now`` (docs/architecture.md, R1); the rules and
+    the order they run in are :class:`PlanningPass`'s.
     """
-    policy = snapshot.policy
-    result = Plan()
-    agents = {a.id: a for a in snapshot.agents}
-    states: dict[int, ReplicaState] = {r.id: r.state for r in snapshot.replicas}
+    return PlanningPass(snapshot, now).run()
 
-    # 1. Lost agents.
-    silence = {a.id: silent_for_s(a, policy, now) for a in snapshot.agents}
-    stale = {
-        a.id
-        for a in snapshot.agents
-        if silence[a.id] is None or silence[a.id] > policy.agent_lost_after_s
-    }
-    with_replicas = {r.agent_id for r in snapshot.replicas if r.state in HOLDS_RESOURCES}
-    stale_with_work = stale & with_replicas
-    recently_alive = {
-        a.id for a in snapshot.agents if a.last_seen_at is not None and a.id in with_replicas
-    }
-    storm = len(recently_alive) >= 3 and len(stale_with_work) * 2 > len(recently_alive)
-    if storm:
-        result.notes.append(
-            f"{len(stale_with_work)} of {len(recently_alive)} agents went silent at once: "
-            "assuming the control plane stalled; marking none lost"
-        )
-    else:
+
+class PlanningPass:
+    """One pass of the reconciler rules over one snapshot at one instant (docs/architecture.md,
+    "Reconciler rules"). Build it with ``(snapshot, now)``, call :meth:`run` once.
+
+    Which methods carry which rule:
+
+    * R1 pure planner, thin shell: :meth:`run` (the shell is ``fleet.control.reconciler``).
+    * R2 passes run at once for a wanted on-demand model: the shell's (``fleet.control.demand.want``
+      requests a pass); a pass has nothing to wait for.
+    * R3 placement: :meth:`_filter_agents`, :meth:`_count_free_room`, :meth:`_place`
+      (with :meth:`_candidate_rooms`), :meth:`_explain_no_room`.
+    * R4 a failed placement is forgotten: :meth:`_forget_failed_placement`.
+    * R5 making room: :meth:`_make_room`, after :meth:`_room_being_freed`.
+    * R6 use keeps demand alive, never-told is not idle: :meth:`_end_idle_demand` (and
+      :meth:`_make_room`'s candidates).
+    * R7 load scaling: :meth:`_scale_by_load`.
+    * R8 scale-down and eviction drain: :meth:`_stop_drained`, :meth:`_cancel_drains`,
+      :meth:`_take_away_surplus`.
+    * R9 failures and lost agents: :meth:`_lose_silent_agents`, :meth:`_find_returning`,
+      :meth:`_fail_not_taken_up`, :meth:`_settle_returning`, :meth:`_wait_out_backoff`,
+      :meth:`_explain_crash_loop`.
+    * Beyond the list: :meth:`_count_desired` (min, max, schedule windows, demand, stopped
+      cluster, external models), :meth:`_planning_order`, :meth:`_plan_model` (one model's
+      steps), :meth:`_count_outcomes`.
+
+    The working state below is all a pass keeps (slots: nothing else can be set). ``states``
+    is each replica's state as the pass has moved it so far; the snapshot's own views never
+    change.
+    """
+
+    __slots__ = ("snapshot", "now", "policy", "plan", "agents", "states", "silent", "stalled", "unusable",
+                 "returning", "rooms", "by_model", "steps", "models", "desired", "forgotten", "claimed")
+
+    #: The input; after :meth:`_scale_by_load` its models carry this pass's load-scaling extra.
+    snapshot: Snapshot
+    now: datetime
+    policy: Policy
+    #: The plan being built: actions in the order they are decided, outcomes per model.
+    plan: Plan
+    agents: dict[int, AgentView]
+    #: Replica id → state after this pass's moves so far.
+    states: dict[int, ReplicaState]
+    #: Agents silent longer than ``agent_lost_after_s`` (or never heard from).
+    silent: set[int]
+    #: More than half the agents with work went silent together: the control plane stalled.
+    stalled: bool
+    #: Agent id → why it takes no new replica ("gpu-1: cordoned"), None when it may.
+    unusable: dict[int, str | None]
+    #: Lost replicas whose agent is heard from again.
+    returning: set[int]
+    #: Agent id → resources free on it, as the pass takes and gives them back.
+    rooms: dict[int, _Room]
+    #: Model id → all its replicas in the snapshot.
+    by_model: dict[int, list[ReplicaView]]
+    #: Model id → this pass's load-scaling step.
+    steps: dict[int, Step]
+    #: Model id → model (with this pass's extra replicas).
+    models: dict[int, ModelView]
+    #: Model id → replicas wanted; an eviction that takes a model's last replica sets it to 0.
+    desired: dict[int, int]
+    #: Models whose demand an eviction ended (their ``wanted_at`` is cleared).
+    forgotten: set[int]
+    #: Draining or stopping replicas some model already waits for, so no other waits for them.
+    claimed: set[int]
+
+    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        self.policy = snapshot.policy
+        self.plan = Plan()
+        self.agents = {a.id: a for a in snapshot.agents}
+        self.states = {r.id: r.state for r in snapshot.replicas}
+        self.silent = set()
+        self.stalled = False
+        self.unusable = {}
+        self.returning = set()
+        self.rooms = {}
+        self.by_model = defaultdict(list)
+        for r in snapshot.replicas:
+            self.by_model[r.model_id].append(r)
+        self.steps = {}
+        self.models = {}
+        self.desired = {}
+        self.forgotten = set()
+        self.claimed = set()
+
+    def run(self) -> Plan:
+        """The pass, whole (docs/architecture.md, R1): a pure function of the snapshot and
+        ``now``, no I/O; the shell applies the plan and stores the explanations.
+
+        Order (it fixes the order of the actions): agents that went silent lose their
+        replicas; agents are filtered and their free room counted; placements never taken
+        up fail; drained replicas stop; load scaling moves each model's extra; then each
+        model in :meth:`_planning_order`; then the counts and crash-loop explanations.
+        """
+        self._lose_silent_agents()
+        self._filter_agents()
+        self._find_returning()
+        self._count_free_room()
+        self._fail_not_taken_up()
+        self._stop_drained()
+        self._scale_by_load()
+        self._count_desired()
+        for m in sorted(self.snapshot.models, key=self._planning_order):
+            self._plan_model(m)
+        self._count_outcomes()
+        return self.plan
+
+    # R9 --------------------------------------------------------------------------------------
+
+    def _lose_silent_agents(self) -> None:
+        """Agents silent for ``agent_lost_after_s`` lose their replicas: those counting
+        towards desired → lost (out of routing at once, re-placed elsewhere), draining ones →
+        stopping; stopping ones are left for the agent (docs/architecture.md, R9). Silence
+        counts from ``policy.listening_since`` at the earliest. When more than half of at
+        least three agents with work went silent together, this control plane stalled:
+        nothing is marked lost and a note says so (docs/architecture.md, decisions: lost
+        agents vs a stalled control plane)."""
+        snapshot, policy, now = self.snapshot, self.policy, self.now
+        silence = {a.id: silent_for_s(a, policy, now) for a in snapshot.agents}
+        stale = {
+            a.id
+            for a in snapshot.agents
+            if silence[a.id] is None or silence[a.id] > policy.agent_lost_after_s
+        }
+        with_replicas = {r.agent_id for r in snapshot.replicas if r.state in HOLDS_RESOURCES}
+        stale_with_work = stale & with_replicas
+        recently_alive = {
+            a.id for a in snapshot.agents if a.last_seen_at is not None and a.id in with_replicas
+        }
+        self.silent = stale
+        self.stalled = len(recently_alive) >= 3 and len(stale_with_work) * 2 > len(recently_alive)
+        if self.stalled:
+            self.plan.notes.append(
+                f"{len(stale_with_work)} of {len(recently_alive)} agents went silent at once: "
+                "assuming the control plane stalled; marking none lost"
+            )
+            return
+        actions, states = self.plan.actions, self.states
         for r in snapshot.replicas:
             if r.agent_id in stale and r.state in HOLDS_RESOURCES:
                 age = silence[r.agent_id]
                 heard = "never heard from" if age is None else f"silent for {_fmt_s(age)}"
                 if r.state in COUNTS_TOWARDS_DESIRED:
-                    result.actions.append(Move(r.id, S.LOST, f"agent {agents[r.agent_id].name} {heard}",
-                                               MoveCause.AGENT_SILENT))
+                    actions.append(Move(r.id, S.LOST, f"agent {self.agents[r.agent_id].name} {heard}",
+                                        MoveCause.AGENT_SILENT))
                     states[r.id] = S.LOST
                 elif r.state == S.DRAINING:  # on its way out anyway: never to run again
-                    result.actions.append(Move(r.id, S.STOPPING, f"agent {agents[r.agent_id].name} {heard}",
-                                               MoveCause.AGENT_SILENT))
+                    actions.append(Move(r.id, S.STOPPING, f"agent {self.agents[r.agent_id].name} {heard}",
+                                        MoveCause.AGENT_SILENT))
                     states[r.id] = S.STOPPING
                 # stopping: the agent stops it when back, or reconnects without it (fleet.control.reports)
 
-    usable: dict[int, str | None] = {}
-    for a in snapshot.agents:
-        if a.id in stale and not storm:
-            usable[a.id] = f"{a.name}: not heard from"
-        elif not a.connected:
-            usable[a.id] = f"{a.name}: not connected"
-        elif a.cordoned:
-            usable[a.id] = f"{a.name}: cordoned"
-        else:
-            usable[a.id] = None
+    def _find_returning(self) -> None:
+        """Lost replicas whose agent is heard from again: their engines may still run there,
+        so they keep their resources until :meth:`_settle_returning` decides
+        (docs/architecture.md, R9: duplicates are reconciled away on return)."""
+        states, agents, silent = self.states, self.agents, self.silent
+        self.returning = {
+            r.id for r in self.snapshot.replicas
+            if states[r.id] == S.LOST and r.agent_id in agents and r.agent_id not in silent
+        }
 
-    # Lost replicas whose agent is heard from again: their engines may still run there.
-    returning = {
-        r.id for r in snapshot.replicas
-        if states[r.id] == S.LOST and r.agent_id in agents and r.agent_id not in stale
-    }
+    def _fail_not_taken_up(self) -> None:
+        """A replica placed on a usable agent that has not taken it up (still placing) within
+        ``placing_timeout_s`` fails, and so is replaced with backoff instead of blocking the
+        model forever; its resources come back (docs/architecture.md, R9)."""
+        policy, now, states, rooms = self.policy, self.now, self.states, self.rooms
+        for r in self.snapshot.replicas:
+            if states[r.id] != S.PLACING or r.state_changed_at is None:
+                continue
+            waited = (now - r.state_changed_at).total_seconds()
+            if waited >= policy.placing_timeout_s and not self.unusable.get(r.agent_id):
+                self.plan.actions.append(Move(r.id, S.FAILED, f"agent {self.agents[r.agent_id].name} did not take "
+                                                              f"it up within {_fmt_s(policy.placing_timeout_s)}",
+                                              MoveCause.NOT_TAKEN_UP))
+                states[r.id] = S.FAILED
+                if r.agent_id in rooms:
+                    rooms[r.agent_id].give_back(r)
 
-    # Free resources per agent, after every replica that still holds some.
-    rooms: dict[int, _Room] = {}
-    for a in snapshot.agents:
-        rooms[a.id] = _Room(a, {g.index: g.memory_total_mib for g in a.gpus}, a.cpu_cores, a.memory_mib)
-    for r in snapshot.replicas:
-        if (states[r.id] in HOLDS_RESOURCES or r.id in returning) and r.agent_id in rooms:
-            room = rooms[r.agent_id]
-            for idx in r.gpu_indices:
-                room.free_gpus.pop(idx, None)
-            room.free_cores -= r.cpu_cores
-            room.free_memory_mib -= r.memory_mib
+    def _settle_returning(self, m: ModelView) -> None:
+        """Lost replicas of ``m`` whose agent came back (docs/architecture.md, R9: "when it
+        returns, duplicates are reconciled away"). Ready replicas elsewhere are kept and the
+        returning ones stop first; while the others are not ready yet, a returning replica
+        reported ready is taken back instead, and the others become the surplus."""
+        replicas, returning, states = self.by_model[m.id], self.returning, self.states
+        back = sorted((r for r in replicas if r.id in returning), key=lambda r: r.id)
+        if not back:
+            return
+        desired = self.desired[m.id]
+        ready_elsewhere = sum(1 for r in replicas if r.id not in returning and states[r.id] == S.READY)
+        room = max(0, desired - ready_elsewhere)
+        for r in back:
+            name = self.agents[r.agent_id].name
+            if r.back and room > 0:
+                room -= 1
+                self.plan.actions.append(Move(r.id, S.READY, f"agent {name} came back with the engine ready",
+                                              MoveCause.AGENT_BACK))
+                states[r.id] = S.READY
+            elif room == 0:
+                self.plan.actions.append(Move(
+                    r.id, S.STOPPING,
+                    f"duplicate: agent {name} came back, {ready_elsewhere} ready elsewhere ({desired} wanted)",
+                    MoveCause.DUPLICATE,
+                ))
+                states[r.id] = S.STOPPING
+            # else: its engine is not ready (yet) and it may still be needed: wait for its report.
 
-    # 1b. Placed but never taken up by a connected agent: fail it (and so replace it with
-    # backoff) instead of letting it block the model forever.
-    for r in snapshot.replicas:
-        if states[r.id] != S.PLACING or r.state_changed_at is None:
-            continue
-        waited = (now - r.state_changed_at).total_seconds()
-        if waited >= policy.placing_timeout_s and not usable.get(r.agent_id):
-            result.actions.append(Move(r.id, S.FAILED, f"agent {agents[r.agent_id].name} did not take it up "
-                                                       f"within {_fmt_s(policy.placing_timeout_s)}",
-                                       MoveCause.NOT_TAKEN_UP))
-            states[r.id] = S.FAILED
-            if r.agent_id in rooms:
-                rooms[r.agent_id].give_back(r)
+    def _wait_out_backoff(self, m: ModelView, outcome: ModelOutcome) -> bool:
+        """True (and the crash loop explained) while ``m``'s recent failures still hold off
+        its next placement: ``backoff_base_s · 2^(n-1)`` after the n-th failure in a row,
+        capped (docs/architecture.md, R9)."""
+        wait = backoff_remaining_s(m, self.policy, self.now)
+        if wait <= 0:
+            return False
+        outcome.reason = (
+            f"crash loop: {len(m.failures)} failure(s) in a row, next try in {_fmt_s(wait)}"
+            + (f"; last error: {m.last_error}" if m.last_error else "")
+        )
+        return True
 
-    # 2. Draining → stopping.
-    for r in snapshot.replicas:
-        if states[r.id] != S.DRAINING:
-            continue
-        draining_for = _age_s(now, r.state_changed_at) or 0.0
-        if r.in_flight == 0:
-            result.actions.append(Move(r.id, S.STOPPING, "drained: no requests in flight", MoveCause.DRAINED))
-            states[r.id] = S.STOPPING
-        elif draining_for >= policy.drain_grace_s:
-            flight = "unknown" if r.in_flight is None else str(r.in_flight)
-            result.actions.append(
-                Move(r.id, S.STOPPING, f"drain grace of {_fmt_s(policy.drain_grace_s)} over ({flight} in flight)",
-                     MoveCause.DRAIN_GRACE_OVER)
+    def _explain_crash_loop(self, m: ModelView, outcome: ModelOutcome) -> None:
+        """Between two failures the next attempt is coming up: a model with failures, none
+        ready and some wanted is still in a crash loop, and says so (docs/architecture.md,
+        R9)."""
+        if m.failures and not outcome.ready and outcome.desired and not outcome.reason.startswith("crash loop"):
+            outcome.reason = (f"crash loop: {len(m.failures)} failure(s) in a row, trying again ({outcome.reason})"
+                              + (f"; last error: {m.last_error}" if m.last_error else ""))
+
+    # R3, R4 ----------------------------------------------------------------------------------
+
+    def _filter_agents(self) -> None:
+        """Which agents may take new replicas: not silent (unless the control plane stalled),
+        connected, not cordoned; each other one with its reason (docs/architecture.md, R3)."""
+        silent, stalled = self.silent, self.stalled
+        for a in self.snapshot.agents:
+            if a.id in silent and not stalled:
+                self.unusable[a.id] = f"{a.name}: not heard from"
+            elif not a.connected:
+                self.unusable[a.id] = f"{a.name}: not connected"
+            elif a.cordoned:
+                self.unusable[a.id] = f"{a.name}: cordoned"
+            else:
+                self.unusable[a.id] = None
+
+    def _count_free_room(self) -> None:
+        """Free GPUs, cores and memory per agent after every replica that still holds some,
+        returning lost ones included (docs/architecture.md, R3)."""
+        rooms, states, returning = self.rooms, self.states, self.returning
+        for a in self.snapshot.agents:
+            rooms[a.id] = _Room(a, {g.index: g.memory_total_mib for g in a.gpus}, a.cpu_cores, a.memory_mib)
+        for r in self.snapshot.replicas:
+            if (states[r.id] in HOLDS_RESOURCES or r.id in returning) and r.agent_id in rooms:
+                room = rooms[r.agent_id]
+                for idx in r.gpu_indices:
+                    room.free_gpus.pop(idx, None)
+                room.free_cores -= r.cpu_cores
+                room.free_memory_mib -= r.memory_mib
+
+    def _place(self, m: ModelView, missing: int, active: list[ReplicaView], outcome: ModelOutcome) -> None:
+        """Place up to ``missing`` replicas of ``m`` (which has a profile), one at a time on the
+        best candidate (docs/architecture.md, R3). When none fits: wait for room already being
+        freed, else make room (on-demand models, R5), else explain and give up (R3, R4)."""
+        assert m.profile is not None
+        placed_here: dict[int, int] = defaultdict(int)
+        placed = 0
+        for _ in range(missing):
+            fits, reasons = self._candidate_rooms(m, active, placed_here)
+            if not fits:
+                waiting_for = self._room_being_freed(m)
+                if waiting_for:
+                    # Replicas already draining or stopping will free enough: wait for them
+                    # rather than evict more, and do not tell held requests it is hopeless.
+                    outcome.reason = f"waiting for {waiting_for} to stop, then placing {m.name}"
+                    break
+                evicted = self._make_room(m) if m.on_demand else None
+                if evicted:
+                    outcome.reason = evicted
+                else:
+                    self._explain_no_room(m, reasons, outcome)
+                    self._forget_failed_placement(m, outcome)
+                break
+            _, agent_id, gpus = fits[0]
+            room = self.rooms[agent_id]
+            room.take(gpus, m.profile)
+            placed_here[agent_id] += 1
+            placed += 1
+            where = room.agent.name + (f" GPU {','.join(map(str, gpus))}" if gpus else "")
+            why = f"placed on {where}: {len(active) + placed} of {self.desired[m.id]} wanted"
+            self.plan.actions.append(
+                Place(m.id, agent_id, gpus,
+                      0.0 if m.profile.gpus_needed else m.profile.cpu_cores,
+                      0 if m.profile.gpus_needed else m.profile.memory_mib, why)
             )
-            states[r.id] = S.STOPPING
+            outcome.reason = why
 
-    # 3. Models.
-    by_model: dict[int, list[ReplicaView]] = defaultdict(list)
-    for r in snapshot.replicas:
-        by_model[r.model_id].append(r)
-    # Load scaling first: it moves each model's extra replicas, which desired() reads.
-    scaled_models = []
-    steps = {}
-    for m in snapshot.models:
-        base = base_replicas(m, policy, now) if not policy.stopped else 0
-        ceiling = m.window_max if m.window_max else m.max_replicas
-        starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
-        step = evaluate(base, ceiling, m.load, m.measured_per_replica, starting,
-                        ScalingState(m.extra_replicas, m.busy_since, m.quiet_since, m.observed_per_replica,
-                                     m.crowded_since),
-                        now, policy.scaling)
-        steps[m.id] = step
-        scaled_models.append(replace(m, extra_replicas=step.state.extra))
-    snapshot = replace(snapshot, models=tuple(scaled_models))
-    models = {m.id: m for m in snapshot.models}
-    desired = {m.id: desired_replicas(m, policy, now) for m in snapshot.models}
-    forgotten: set[int] = set()
-    claimed: set[int] = set()  # releasing replicas some model is already waiting for
+    def _candidate_rooms(
+        self, m: ModelView, active: list[ReplicaView], placed_here: dict[int, int],
+    ) -> tuple[list[tuple[tuple, int, tuple[int, ...]]], list[str]]:
+        """Agents that can take one replica of ``m``, best first — fewest of its replicas
+        there (spread across machines), then least room left (pack) — as ``(key, agent id,
+        GPU indices)``, and why each other agent cannot (docs/architecture.md, R3)."""
+        assert m.profile is not None
+        fits, reasons = [], []
+        per_agent: dict[int, int] = defaultdict(int)
+        for r in active:
+            per_agent[r.agent_id] += 1
+        for agent_id, n in placed_here.items():
+            per_agent[agent_id] += n
+        for agent_id, room in sorted(self.rooms.items(), key=lambda kv: kv[1].agent.name):
+            if self.unusable[agent_id]:
+                reasons.append(self.unusable[agent_id])
+                continue
+            gpus, why = room.fit(m.profile)
+            if why:
+                reasons.append(why)
+                continue
+            if m.profile.gpus_needed:
+                left = len(room.free_gpus) - len(gpus)
+            else:
+                left = room.free_cores - m.profile.cpu_cores
+            fits.append(((per_agent[agent_id], left, room.agent.name), agent_id, gpus))
+        fits.sort()
+        return fits, reasons
 
-    def active_of(model_id: int) -> list[ReplicaView]:
-        return [r for r in by_model[model_id] if states[r.id] in COUNTS_TOWARDS_DESIRED]
+    def _explain_no_room(self, m: ModelView, reasons: list[str], outcome: ModelOutcome) -> None:
+        """Nothing fits ``m``: say what it needs and why each agent cannot take it, grouped
+        by cause; the model is unservable (the gateway answers 503 with the reason)
+        (docs/architecture.md, R3)."""
+        assert m.profile is not None
+        detail = _group_reasons(reasons) if reasons else "no agents registered"
+        outcome.reason = f"no agent has {m.profile.describe()}; {detail}"
+        outcome.unservable = True
 
-    def order_key(m: ModelView) -> tuple:
-        return (m.on_demand, m.wanted_at or now, m.name)
+    def _forget_failed_placement(self, m: ModelView, outcome: ModelOutcome) -> None:
+        """Nobody is served by wanting an unplaceable on-demand model on: its demand is
+        cleared, so the next request wants it afresh and that pass decides anew
+        (docs/architecture.md, R4)."""
+        outcome.forget_demand = m.on_demand
 
-    for m in sorted(snapshot.models, key=order_key):
-        step = steps[m.id]
-        outcome = ModelOutcome(desired=desired[m.id], scaling=step.state,
+    # R5 --------------------------------------------------------------------------------------
+
+    def _room_being_freed(self, m: ModelView) -> str | None:
+        """If replicas already draining or stopping (and not awaited by another model this
+        pass) will make room for ``m`` on a usable agent, claim them and name them
+        ("2 replicas on gpu-1"); else None (docs/architecture.md, R5: wait rather than
+        evict more)."""
+        assert m.profile is not None
+        states, unusable, rooms = self.states, self.unusable, self.rooms
+        releasing: dict[int, list[ReplicaView]] = defaultdict(list)
+        for r in self.snapshot.replicas:
+            if states[r.id] in RELEASING and r.id not in self.claimed and not unusable.get(r.agent_id):
+                releasing[r.agent_id].append(r)
+        for agent_id in sorted(releasing, key=lambda a: rooms[a].agent.name if a in rooms else ""):
+            if agent_id not in rooms:
+                continue
+            room = rooms[agent_id]
+            trial = replace(room, free_gpus=dict(room.free_gpus))
+            for r in releasing[agent_id]:
+                trial.give_back(r)
+            _, why = trial.fit(m.profile)
+            if why is None:
+                self.claimed.update(r.id for r in releasing[agent_id])
+                n = len(releasing[agent_id])
+                return f"{n} replica{'s' if n > 1 else ''} on {room.agent.name}"
+        return None
+
+    def _make_room(self, m: ModelView) -> str | None:
+        """Evict idle replicas of other on-demand models so ``m`` fits; the reason, or None
+        (docs/architecture.md, R5).
+
+        Only ready replicas known idle (R6: never told is not idle) for
+        ``min_idle_before_eviction_s`` with nothing in flight, of on-demand models kept at or
+        above their min, least recently used first, on one agent. The evicted replicas drain
+        (R8); ``m`` is placed on a later pass once they have stopped. A model that loses its
+        last replica so has its demand forgotten and 0 wanted.
+        """
+        assert m.profile is not None
+        policy, now, states, models = self.policy, self.now, self.states, self.models
+        left: dict[int, int] = {mid: len([r for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED])
+                                for mid, reps in self.by_model.items()}
+        candidates = []
+        for r in self.snapshot.replicas:
+            other = models.get(r.model_id)
+            if other is None or other.id == m.id or not other.on_demand:
+                continue
+            if states[r.id] != S.READY or self.unusable.get(r.agent_id):
+                continue
+            if r.last_used_at is None or r.in_flight != 0:
+                continue  # unknown idleness or busy: never evicted
+            idle = (now - r.last_used_at).total_seconds()
+            if idle < policy.min_idle_before_eviction_s:
+                continue
+            candidates.append((r.last_used_at, r.id, r, idle))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+
+        trial = {aid: replace(room, free_gpus=dict(room.free_gpus)) for aid, room in self.rooms.items()}
+        chosen: dict[int, list[tuple[ReplicaView, float]]] = defaultdict(list)
+        for _, _, r, idle in candidates:
+            if left[r.model_id] - 1 < min_replicas_now(models[r.model_id]):
+                continue
+            left[r.model_id] -= 1
+            trial[r.agent_id].give_back(r)
+            chosen[r.agent_id].append((r, idle))
+            _, why = trial[r.agent_id].fit(m.profile)
+            if why is None:
+                return self._evict(m, chosen[r.agent_id])
+        return None
+
+    def _evict(self, m: ModelView, victims: list[tuple[ReplicaView, float]]) -> str:
+        """Drain ``victims`` (replica, seconds idle) to place ``m``; the joined reasons
+        (docs/architecture.md, R5, R8)."""
+        states, by_model = self.states, self.by_model
+        names = []
+        for victim, victim_idle in victims:
+            victim_model = self.models[victim.model_id]
+            text = f"evicted {victim_model.name}, idle {_fmt_s(victim_idle)}, to place {m.name}"
+            self.plan.actions.append(Move(victim.id, S.DRAINING, text, MoveCause.EVICTION))
+            states[victim.id] = S.DRAINING
+            remaining = [x for x in by_model[victim.model_id] if states[x.id] in COUNTS_TOWARDS_DESIRED]
+            if not remaining:
+                self.forgotten.add(victim_model.id)
+                self.desired[victim_model.id] = 0
+            names.append(text)
+        return "; ".join(names) + " (placing once they stop)"
+
+    # R6 --------------------------------------------------------------------------------------
+
+    def _end_idle_demand(self, m: ModelView, outcome: ModelOutcome) -> None:
+        """An on-demand model with no floor, not wanted within its idle timeout (counted
+        from its last request or use: ``wanted_at`` moves forward by use), has its demand
+        forgotten and is scaled to zero (docs/architecture.md, R6)."""
+        if self.policy.stopped or not m.on_demand or m.wanted_at is None:
+            return
+        if base_replicas(m, self.policy, self.now) == 0:
+            outcome.forget_demand = True
+            idle = (self.now - m.wanted_at).total_seconds()
+            outcome.reason = f"idle for {_fmt_s(idle)} (timeout {_fmt_s(idle_timeout_s(m, self.policy))}): scaled to zero"
+
+    # R7 --------------------------------------------------------------------------------------
+
+    def _scale_by_load(self) -> None:
+        """One load-scaling step per model between its base and its ceiling (window max or
+        max), never while one of its replicas is coming up (docs/architecture.md, R7; the
+        rules are ``fleet.planning.scaling.evaluate``'s). Runs before :meth:`_count_desired`,
+        which reads the extra replicas it moves."""
+        policy, now, states, by_model = self.policy, self.now, self.states, self.by_model
+        scaled_models = []
+        for m in self.snapshot.models:
+            base = base_replicas(m, policy, now) if not policy.stopped else 0
+            ceiling = m.window_max if m.window_max else m.max_replicas
+            starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
+            step = evaluate(base, ceiling, m.load, m.measured_per_replica, starting,
+                            ScalingState(m.extra_replicas, m.busy_since, m.quiet_since, m.observed_per_replica,
+                                         m.crowded_since),
+                            now, policy.scaling)
+            self.steps[m.id] = step
+            extra = step.state.extra
+            scaled_models.append(m if extra == m.extra_replicas else replace(m, extra_replicas=extra))
+        self.snapshot = replace(self.snapshot, models=tuple(scaled_models))
+        self.models = {m.id: m for m in self.snapshot.models}
+
+    # R8 --------------------------------------------------------------------------------------
+
+    def _stop_drained(self) -> None:
+        """Draining replicas stop once nothing is known to be in flight, or when the drain
+        grace is over (docs/architecture.md, R8)."""
+        policy, now, states, actions = self.policy, self.now, self.states, self.plan.actions
+        for r in self.snapshot.replicas:
+            if states[r.id] != S.DRAINING:
+                continue
+            draining_for = _age_s(now, r.state_changed_at) or 0.0
+            if r.in_flight == 0:
+                actions.append(Move(r.id, S.STOPPING, "drained: no requests in flight", MoveCause.DRAINED))
+                states[r.id] = S.STOPPING
+            elif draining_for >= policy.drain_grace_s:
+                flight = "unknown" if r.in_flight is None else str(r.in_flight)
+                actions.append(
+                    Move(r.id, S.STOPPING, f"drain grace of {_fmt_s(policy.drain_grace_s)} over ({flight} in flight)",
+                         MoveCause.DRAIN_GRACE_OVER)
+                )
+                states[r.id] = S.STOPPING
+
+    def _cancel_drains(self, m: ModelView, missing: int) -> int:
+        """A replica of ``m`` still draining on a usable agent is warm: serving again beats a
+        cold start. Up to ``missing`` of them, newest first, are ready again; returns how many
+        (docs/architecture.md, R8)."""
+        states, unusable = self.states, self.unusable
+        draining = sorted((r for r in self.by_model[m.id] if states[r.id] == S.DRAINING and not unusable.get(r.agent_id)),
+                          key=lambda r: -r.id)[:missing]
+        for r in draining:
+            self.plan.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))
+            states[r.id] = S.READY
+        return len(draining)
+
+    def _take_away_surplus(self, m: ModelView, active: list[ReplicaView], count: int,
+                           outcome: ModelOutcome) -> None:
+        """``count`` of ``m``'s active replicas go, chosen by :func:`_surplus`: ready ones
+        drain (stop routing, stop after in flight ends), others stop; the cause is the
+        stopped cluster, idleness or plain surplus (docs/architecture.md, R8, R7)."""
+        cause = (MoveCause.CLUSTER_STOPPED if self.policy.stopped
+                 else MoveCause.IDLE if outcome.forget_demand else MoveCause.SURPLUS)
+        states = self.states
+        for r in _surplus(active, count):
+            why = outcome.reason or f"surplus: {len(active)} running, {self.desired[m.id]} wanted"
+            to = S.DRAINING if states[r.id] == S.READY else S.STOPPING
+            self.plan.actions.append(Move(r.id, to, why, cause))
+            states[r.id] = to  # a stopping one holds its resources until the agent reports it stopped
+
+    # Beyond the numbered rules ---------------------------------------------------------------
+
+    def _count_desired(self) -> None:
+        """Replicas wanted per model: 0 when the cluster is stopped or the model external,
+        else its base (schedule window's min or its own min; one for an on-demand model
+        wanted within its idle timeout) plus the load-scaling extra, capped at its ceiling
+        (:func:`desired_replicas`)."""
+        policy, now = self.policy, self.now
+        self.desired = {m.id: desired_replicas(m, policy, now) for m in self.snapshot.models}
+
+    def _planning_order(self, m: ModelView) -> tuple:
+        """Sort key: models with a floor first, then on-demand ones by when they were wanted
+        (longest waiting first), then by name — who gets scarce room first."""
+        return (m.on_demand, m.wanted_at or self.now, m.name)
+
+    def _active(self, model_id: int) -> list[ReplicaView]:
+        """The model's replicas that count towards desired, in their states so far."""
+        states = self.states
+        return [r for r in self.by_model[model_id] if states[r.id] in COUNTS_TOWARDS_DESIRED]
+
+    def _plan_model(self, m: ModelView) -> None:
+        """One model's share of the pass: its outcome (desired, scaling step, reason), then
+        the rules in turn — external and stopped models explained, idle demand ended (R6),
+        returning replicas settled (R9), then missing replicas come back from drains (R8)
+        or are placed (R3, after the crash-loop backoff, R9), or surplus ones go (R8)."""
+        step = self.steps[m.id]
+        desired = self.desired[m.id]
+        outcome = ModelOutcome(desired=desired, scaling=step.state,
                                scaled=(step.from_replicas, step.to_replicas, step.why) if step.moved else None)
-        result.models[m.id] = outcome
+        self.plan.models[m.id] = outcome
         if m.external:
             outcome.reason = "external: served at its base URL, nothing to place"
-            continue
-        if policy.stopped:
+            return
+        stopped = self.policy.stopped
+        if stopped:
             outcome.reason = "cluster stopped"
-        if m.on_demand and m.wanted_at is not None and base_replicas(m, policy, now) == 0:
-            if not policy.stopped:
-                outcome.forget_demand = True
-                idle = (now - m.wanted_at).total_seconds()
-                outcome.reason = f"idle for {_fmt_s(idle)} (timeout {_fmt_s(idle_timeout_s(m, policy))}): scaled to zero"
-
-        _settle_returning(m, desired[m.id], by_model[m.id], returning, states, agents, result)
-        active = active_of(m.id)
-        missing = desired[m.id] - len(active)
-        if missing > 0 and not policy.stopped:
-            # A replica still draining is warm: serving again beats a cold start.
-            for r in sorted((r for r in by_model[m.id] if states[r.id] == S.DRAINING and not usable.get(r.agent_id)),
-                            key=lambda r: -r.id)[:missing]:
-                result.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))
-                states[r.id] = S.READY
-                missing -= 1
-            active = active_of(m.id)
+        self._end_idle_demand(m, outcome)
+        if self.returning:
+            self._settle_returning(m)
+        active = self._active(m.id)
+        missing = desired - len(active)
+        if missing > 0 and not stopped:
+            cancelled = self._cancel_drains(m, missing)
+            if cancelled:
+                missing -= cancelled
+                active = self._active(m.id)
         if missing > 0 and m.profile is None:
             outcome.reason = "no engine profile: cannot place"
             outcome.unservable = True
         elif missing > 0:
-            wait = backoff_remaining_s(m, policy, now)
-            if wait > 0:
-                outcome.reason = (
-                    f"crash loop: {len(m.failures)} failure(s) in a row, next try in {_fmt_s(wait)}"
-                    + (f"; last error: {m.last_error}" if m.last_error else "")
-                )
-            else:
-                _place_missing(m, missing, active, result, rooms, usable, snapshot, now,
-                               states, by_model, models, desired, forgotten, outcome, claimed)
+            if not self._wait_out_backoff(m, outcome):
+                self._place(m, missing, active, outcome)
         elif missing < 0:
-            cause = (MoveCause.CLUSTER_STOPPED if policy.stopped
-                     else MoveCause.IDLE if outcome.forget_demand else MoveCause.SURPLUS)
-            for r in _surplus(active, -missing):
-                why = outcome.reason or f"surplus: {len(active)} running, {desired[m.id]} wanted"
-                to = S.DRAINING if states[r.id] == S.READY else S.STOPPING
-                result.actions.append(Move(r.id, to, why, cause))
-                states[r.id] = to  # a stopping one holds its resources until the agent reports it stopped
-        elif not outcome.reason and desired[m.id] > 0:
-            outcome.reason = f"{desired[m.id]} wanted, all placed"
-        if not outcome.reason and desired[m.id] == 0:
+            self._take_away_surplus(m, active, -missing, outcome)
+        elif not outcome.reason and desired > 0:
+            outcome.reason = f"{desired} wanted, all placed"
+        if not outcome.reason and desired == 0:
             outcome.reason = "not wanted: 0 replicas" if not m.on_demand else "on demand: cold until asked for"
 
-    for m in snapshot.models:
-        outcome = result.models[m.id]
-        if m.id in forgotten:
-            outcome.forget_demand = True
-            outcome.desired = desired[m.id]
-        reps = by_model[m.id]
-        outcome.active = sum(1 for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED)
-        outcome.ready = sum(1 for r in reps if states[r.id] == S.READY)
-        outcome.active += sum(1 for p in result.places if p.model_id == m.id)
-        if m.failures and not outcome.ready and outcome.desired and not outcome.reason.startswith("crash loop"):
-            # Between two failures the next attempt is coming up: still a crash loop.
-            outcome.reason = (f"crash loop: {len(m.failures)} failure(s) in a row, trying again ({outcome.reason})"
-                              + (f"; last error: {m.last_error}" if m.last_error else ""))
-    return result
-
-
-def _settle_returning(
-    m: ModelView, desired: int, replicas: list[ReplicaView], returning: set[int],
-    states: dict[int, ReplicaState], agents: dict[int, AgentView], result: Plan,
-) -> None:
-    """Lost replicas of ``m`` whose agent came back (DESIGN, Reconciler rules: "when it
-    returns, duplicates are reconciled away"). Ready replicas elsewhere are kept and the
-    returning ones stop first; while the others are not ready yet, a returning replica
-    reported ready is taken back instead, and the others become the surplus."""
-    back = sorted((r for r in replicas if r.id in returning), key=lambda r: r.id)
-    if not back:
-        return
-    ready_elsewhere = sum(1 for r in replicas if r.id not in returning and states[r.id] == S.READY)
-    room = max(0, desired - ready_elsewhere)
-    for r in back:
-        name = agents[r.agent_id].name
-        if r.back and room > 0:
-            room -= 1
-            result.actions.append(Move(r.id, S.READY, f"agent {name} came back with the engine ready",
-                                       MoveCause.AGENT_BACK))
-            states[r.id] = S.READY
-        elif room == 0:
-            result.actions.append(Move(
-                r.id, S.STOPPING,
-                f"duplicate: agent {name} came back, {ready_elsewhere} ready elsewhere ({desired} wanted)",
-                MoveCause.DUPLICATE,
-            ))
-            states[r.id] = S.STOPPING
-        # else: its engine is not ready (yet) and it may still be needed: wait for its report.
+    def _count_outcomes(self) -> None:
+        """Each model's active and ready counts after the pass (placements counted as
+        active), demand forgotten by evictions, and crash-loop explanations (R9)."""
+        states = self.states
+        placed: dict[int, int] = defaultdict(int)
+        for p in self.plan.places:
+            placed[p.model_id] += 1
+        for m in self.snapshot.models:
+            outcome = self.plan.models[m.id]
+            if m.id in self.forgotten:
+                outcome.forget_demand = True
+                outcome.desired = self.desired[m.id]
+            reps = self.by_model[m.id]
+            outcome.active = sum(1 for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED) + placed[m.id]
+            outcome.ready = sum(1 for r in reps if states[r.id] == S.READY)
+            self._explain_crash_loop(m, outcome)
 
 
 def _surplus(active: list[ReplicaView], count: int) -> list[ReplicaView]:
     """Which replicas to take away: not-yet-ready before ready, idle before busy, newest
-    first (DESIGN: scale-down drains)."""
+    first (docs/architecture.md, R8). Reads each replica's state in the snapshot."""
 
     def key(r: ReplicaView) -> tuple:
         coming = r.state in COMING_UP
@@ -612,161 +963,3 @@ def _surplus(active: list[ReplicaView], count: int) -> list[ReplicaView]:
         return (not coming, flight, -r.id)
 
     return sorted(active, key=key)[:count]
-
-
-def _candidate_rooms(
-    m: ModelView, rooms: dict[int, _Room], usable: dict[int, str | None],
-    active: list[ReplicaView], placed_here: dict[int, int],
-) -> tuple[list[tuple[tuple, int, tuple[int, ...]]], list[str]]:
-    """Agents that can take one replica of ``m``, best first, and why the others cannot."""
-    assert m.profile is not None
-    fits, reasons = [], []
-    per_agent = defaultdict(int)
-    for r in active:
-        per_agent[r.agent_id] += 1
-    for agent_id, n in placed_here.items():
-        per_agent[agent_id] += n
-    for agent_id, room in sorted(rooms.items(), key=lambda kv: kv[1].agent.name):
-        if usable[agent_id]:
-            reasons.append(usable[agent_id])
-            continue
-        gpus, why = room.fit(m.profile)
-        if why:
-            reasons.append(why)
-            continue
-        if m.profile.gpus_needed:
-            left = len(room.free_gpus) - len(gpus)
-        else:
-            left = room.free_cores - m.profile.cpu_cores
-        # Spread replicas of one model across machines, otherwise pack (least room left).
-        fits.append(((per_agent[agent_id], left, room.agent.name), agent_id, gpus))
-    fits.sort()
-    return fits, reasons
-
-
-def _place_missing(
-    m: ModelView, missing: int, active: list[ReplicaView], result: Plan,
-    rooms: dict[int, _Room], usable: dict[int, str | None], snapshot: Snapshot,
-    now: datetime, states: dict[int, ReplicaState], by_model: dict[int, list[ReplicaView]],
-    models: dict[int, ModelView], desired: dict[int, int], forgotten: set[int],
-    outcome: ModelOutcome, claimed: set[int],
-) -> None:
-    assert m.profile is not None
-    placed_here: dict[int, int] = defaultdict(int)
-    placed = 0
-    for _ in range(missing):
-        fits, reasons = _candidate_rooms(m, rooms, usable, active, placed_here)
-        if not fits:
-            waiting_for = _room_being_freed(m, rooms, usable, snapshot, states, claimed)
-            if waiting_for:
-                # Replicas already draining or stopping will free enough: wait for them
-                # rather than evict more, and do not tell held requests it is hopeless.
-                outcome.reason = f"waiting for {waiting_for} to stop, then placing {m.name}"
-                break
-            evicted = _make_room(m, rooms, usable, snapshot, now, states, by_model, models,
-                                 desired, forgotten, result) if m.on_demand else None
-            if evicted:
-                outcome.reason = evicted
-            else:
-                needs = m.profile.describe()
-                detail = _group_reasons(reasons) if reasons else "no agents registered"
-                outcome.reason = f"no agent has {needs}; {detail}"
-                outcome.unservable = True
-                # Nobody is served by wanting it on: the next request asks afresh.
-                outcome.forget_demand = m.on_demand
-            break
-        _, agent_id, gpus = fits[0]
-        room = rooms[agent_id]
-        room.take(gpus, m.profile)
-        placed_here[agent_id] += 1
-        placed += 1
-        where = room.agent.name + (f" GPU {','.join(map(str, gpus))}" if gpus else "")
-        why = f"placed on {where}: {len(active) + placed} of {desired[m.id]} wanted"
-        result.actions.append(
-            Place(m.id, agent_id, gpus,
-                  0.0 if m.profile.gpus_needed else m.profile.cpu_cores,
-                  0 if m.profile.gpus_needed else m.profile.memory_mib, why)
-        )
-        outcome.reason = why
-
-
-def _room_being_freed(
-    m: ModelView, rooms: dict[int, _Room], usable: dict[int, str | None], snapshot: Snapshot,
-    states: dict[int, ReplicaState], claimed: set[int],
-) -> str | None:
-    """If replicas already draining or stopping (and not awaited by another model this pass)
-    will make room for ``m`` on a usable agent, claim them and name them; else None."""
-    assert m.profile is not None
-    releasing: dict[int, list[ReplicaView]] = defaultdict(list)
-    for r in snapshot.replicas:
-        if states[r.id] in (S.DRAINING, S.STOPPING) and r.id not in claimed and not usable.get(r.agent_id):
-            releasing[r.agent_id].append(r)
-    for agent_id in sorted(releasing, key=lambda a: rooms[a].agent.name if a in rooms else ""):
-        if agent_id not in rooms:
-            continue
-        room = rooms[agent_id]
-        trial = replace(room, free_gpus=dict(room.free_gpus))
-        for r in releasing[agent_id]:
-            trial.give_back(r)
-        _, why = trial.fit(m.profile)
-        if why is None:
-            claimed.update(r.id for r in releasing[agent_id])
-            n = len(releasing[agent_id])
-            return f"{n} replica{'s' if n > 1 else ''} on {room.agent.name}"
-    return None
-
-
-def _make_room(
-    m: ModelView, rooms: dict[int, _Room], usable: dict[int, str | None], snapshot: Snapshot,
-    now: datetime, states: dict[int, ReplicaState], by_model: dict[int, list[ReplicaView]],
-    models: dict[int, ModelView], desired: dict[int, int], forgotten: set[int], result: Plan,
-) -> str | None:
-    """Evict idle replicas of other on-demand models so ``m`` fits; the reason, or None.
-
-    Only replicas known idle for ``min_idle_before_eviction_s`` with nothing in flight, of
-    on-demand models kept at or above their min, least recently used first. The evicted
-    replicas drain; ``m`` is placed on a later pass once they have stopped.
-    """
-    assert m.profile is not None
-    policy = snapshot.policy
-    left: dict[int, int] = {mid: len([r for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED])
-                            for mid, reps in by_model.items()}
-    candidates = []
-    for r in snapshot.replicas:
-        other = models.get(r.model_id)
-        if other is None or other.id == m.id or not other.on_demand:
-            continue
-        if states[r.id] != S.READY or usable.get(r.agent_id):
-            continue
-        if r.last_used_at is None or r.in_flight != 0:
-            continue  # unknown idleness or busy: never evicted
-        idle = (now - r.last_used_at).total_seconds()
-        if idle < policy.min_idle_before_eviction_s:
-            continue
-        candidates.append((r.last_used_at, r.id, r, idle))
-    candidates.sort(key=lambda c: (c[0], c[1]))
-
-    trial = {aid: replace(room, free_gpus=dict(room.free_gpus)) for aid, room in rooms.items()}
-    chosen: dict[int, list[tuple[ReplicaView, float]]] = defaultdict(list)
-    for _, _, r, idle in candidates:
-        if left[r.model_id] - 1 < min_replicas_now(models[r.model_id]):
-            continue
-        left[r.model_id] -= 1
-        trial[r.agent_id].give_back(r)
-        chosen[r.agent_id].append((r, idle))
-        _, why = trial[r.agent_id].fit(m.profile)
-        if why is None:
-            victims = chosen[r.agent_id]
-            names = []
-            for victim, victim_idle in victims:
-                victim_model = models[victim.model_id]
-                text = f"evicted {victim_model.name}, idle {_fmt_s(victim_idle)}, to place {m.name}"
-                result.actions.append(Move(victim.id, S.DRAINING, text, MoveCause.EVICTION))
-                states[victim.id] = S.DRAINING
-                remaining = [x for x in by_model[victim.model_id] if states[x.id] in COUNTS_TOWARDS_DESIRED]
-                if not remaining:
-                    forgotten.add(victim_model.id)
-                    desired[victim_model.id] = 0
-                names.append(text)
-            return "; ".join(names) + " (placing once they stop)"
-    return None
