@@ -1,8 +1,10 @@
 """The reconciler's pure core: ``plan(snapshot, now)`` → actions and explanations.
 
 No ORM, no I/O, no clock of its own: everything it knows comes in the snapshot and ``now``
-(DESIGN, Reconciler rules). The shell in ``fleet.control.reconciler`` loads the snapshot from the
-database, applies the actions and stores the explanations.
+(docs/architecture.md, R1). The shell in ``fleet.control.reconciler`` loads the snapshot from
+the database, applies the actions and stores the explanations. :class:`PlanningPass` runs the
+reconciler rules, one method per rule; the functions under "Rules" are the pieces of them that
+other code (the simulator, the operator surfaces) reads too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Policy:
 
 @dataclass(frozen=True)
 class GpuView:
+    """One GPU of an agent: its index on the machine and its total memory (MiB)."""
+
     index: int
     memory_total_mib: int
 
@@ -73,6 +77,7 @@ class ProfileView:
     memory_mib: int = 0
 
     def describe(self) -> str:
+        """What it needs, for people: "2 free GPUs of 40 GiB", "1 free CPU cores and 1024 MiB RAM"."""
         if self.gpus_needed:
             gib = self.gpu_memory_mib / 1024
             return f"{self.gpus_needed} free GPU{'s' if self.gpus_needed > 1 else ''} of {gib:g} GiB"
@@ -133,6 +138,9 @@ class ReplicaView:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """Everything one pass knows: the cluster's policy, its agents, models and replicas (all
+    replicas the control plane still tracks, in any state)."""
+
     policy: Policy
     agents: tuple[AgentView, ...]
     models: tuple[ModelView, ...]
@@ -201,16 +209,21 @@ class ModelOutcome:
 
 @dataclass
 class Plan:
+    """A pass's result: ``actions`` in the order the pass decided them (the shell applies
+    them so), an outcome per model id, and cluster-wide ``notes`` (a stalled control plane)."""
+
     actions: list[Place | Move] = field(default_factory=list)
     models: dict[int, ModelOutcome] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
     def places(self) -> list[Place]:
+        """The placements among the actions, in order."""
         return [a for a in self.actions if isinstance(a, Place)]
 
     @property
     def moves(self) -> list[Move]:
+        """The state moves among the actions, in order."""
         return [a for a in self.actions if isinstance(a, Move)]
 
 
@@ -218,8 +231,14 @@ class Plan:
 
 
 def idle_timeout_s(model: ModelView, policy: Policy) -> float:
-    """A model's own idle timeout, else the cluster default (seconds)."""
+    """A model's own idle timeout, else the cluster default (seconds; docs/architecture.md, R6)."""
     return model.idle_timeout_s if model.idle_timeout_s else policy.default_idle_timeout_s
+
+
+def min_replicas_now(model: ModelView) -> int:
+    """A model's floor now: the schedule window's min, else its own min (eviction never goes
+    below it, docs/architecture.md, R5)."""
+    return model.window_min if model.window_min is not None else model.min_replicas
 
 
 def base_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
@@ -237,14 +256,10 @@ def base_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     return 1
 
 
-def min_replicas_now(model: ModelView) -> int:
-    """The floor eviction must respect: the window's min, else the model's min."""
-    return model.window_min if model.window_min is not None else model.min_replicas
-
-
 def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
-    """DESIGN ``desired(model)``: 0 when stopped or external; else base plus the
-    load-scaling extra, capped at max(window max or model max, base)."""
+    """Replicas wanted now: 0 when the cluster is stopped or the model external; else base
+    plus the load-scaling extra (docs/architecture.md, R7), capped at max(window max or model
+    max, base)."""
     if policy.stopped or model.external:
         return 0
     base = base_replicas(model, policy, now)
@@ -256,7 +271,7 @@ def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
 
 def backoff_remaining_s(model: ModelView, policy: Policy, now: datetime) -> float:
     """Seconds before a model with recently failed replicas may be placed again:
-    ``base · 2^(n-1)`` after the n-th consecutive failure, capped."""
+    ``base · 2^(n-1)`` after the n-th consecutive failure, capped (docs/architecture.md, R9)."""
     if not model.failures:
         return 0.0
     n = len(model.failures)
@@ -272,7 +287,7 @@ def _age_s(now: datetime, then: datetime | None) -> float | None:
 def silent_for_s(agent: AgentView, policy: Policy, now: datetime) -> float | None:
     """Seconds an agent has been silent that count against it: since its last message, or
     since the control plane could listen again if that is later. None: never heard from
-    (and no listening window to count from)."""
+    (and no listening window to count from). docs/architecture.md, R9."""
     heard = agent.last_seen_at
     if policy.listening_since is not None and (heard is None or heard < policy.listening_since):
         heard = policy.listening_since
@@ -321,6 +336,7 @@ class _Room:
         return (), None
 
     def take(self, gpus: tuple[int, ...], profile: ProfileView) -> None:
+        """Hold what one replica of ``profile`` on ``gpus`` (from :meth:`fit`) needs."""
         for idx in gpus:
             self.free_gpus.pop(idx, None)
         if not profile.gpus_needed:
@@ -328,6 +344,7 @@ class _Room:
             self.free_memory_mib -= profile.memory_mib
 
     def give_back(self, replica: ReplicaView) -> None:
+        """Free what ``replica`` holds here (its GPUs at their full memory, cores, RAM)."""
         by_index = {g.index: g.memory_total_mib for g in self.agent.gpus}
         for idx in replica.gpu_indices:
             if idx in by_index:
@@ -804,7 +821,8 @@ class PlanningPass:
         if base_replicas(m, self.policy, self.now) == 0:
             outcome.forget_demand = True
             idle = (self.now - m.wanted_at).total_seconds()
-            outcome.reason = f"idle for {_fmt_s(idle)} (timeout {_fmt_s(idle_timeout_s(m, self.policy))}): scaled to zero"
+            timeout = idle_timeout_s(m, self.policy)
+            outcome.reason = f"idle for {_fmt_s(idle)} (timeout {_fmt_s(timeout)}): scaled to zero"
 
     # R7 --------------------------------------------------------------------------------------
 
@@ -855,8 +873,8 @@ class PlanningPass:
         cold start. Up to ``missing`` of them, newest first, are ready again; returns how many
         (docs/architecture.md, R8)."""
         states, unusable = self.states, self.unusable
-        draining = sorted((r for r in self.by_model[m.id] if states[r.id] == S.DRAINING and not unusable.get(r.agent_id)),
-                          key=lambda r: -r.id)[:missing]
+        warm = (r for r in self.by_model[m.id] if states[r.id] == S.DRAINING and not unusable.get(r.agent_id))
+        draining = sorted(warm, key=lambda r: -r.id)[:missing]
         for r in draining:
             self.plan.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))
             states[r.id] = S.READY

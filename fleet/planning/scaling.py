@@ -1,6 +1,6 @@
 """Load scaling between a model's base and its ceiling: pure rules on an injected clock.
 
-The seed's reconciler is the reference, with one deliberate departure (DESIGN): a load that
+The seed's reconciler is the reference, with one deliberate departure (docs/architecture.md, R7): a load that
 is missing, stale or unparsable is *unknown*, which neither scales up nor down and resets
 the model's busy/quiet timers — the seed read it as zero, which scales down under a broken
 metrics endpoint.
@@ -15,7 +15,7 @@ metrics endpoint.
   one *observed* — the most requests a ready replica was seen running while others waited
   (a replica with a queue is full; learned afresh each time load adds replicas).
 * Crowded: nothing waiting, but the remaining replicas would be over those 70%. With a
-  measured capacity that restarts the quiet timer at once (DESIGN's rule, pass by pass).
+  measured capacity that restarts the quiet timer at once (R7's 70% rule, pass by pass).
   With a learned one, only a crowded spell as long as ``scale_up_after_s`` does; a shorter
   one (a spike) leaves the timer running — learned capacities are small and coarse (a
   llama.cpp server has a few slots), and judged pass by pass one request too many in any
@@ -40,6 +40,9 @@ SCALE_DOWN_HEADROOM = 0.7
 
 @dataclass(frozen=True)
 class ScalingPolicy:
+    """Cluster-wide scaling thresholds: requests waiting per ready replica that count as busy,
+    and how long (seconds) busy or quiet must last before one step up or down."""
+
     scale_up_waiting: float = 1.0
     scale_up_after_s: float = 30.0
     scale_down_after_s: float = 300.0
