@@ -1,12 +1,13 @@
 """Where an agent's websocket can be reached from any process: its channel-layer group, and
-the two messages the control plane sends there.
+the three messages the control plane sends there.
 
 An agent's consumer joins ``agent_group(id)`` in whichever web process holds its socket. The
-worker nudges it after a pass (``agent.assign``: send the desired set now) and the models
-close it when its token is re-keyed or its row deleted (``agent.revoked``). Both are
-shortcuts over a shared layer (Redis); without one, the watcher notices the generation move
-within a tick and the consumer's token re-check closes a revoked socket
-(docs/architecture.md, "Crossing processes"). Nothing here touches the database, so the
+worker nudges it after a pass (``agent.assign``: send the desired set now), the operator's
+restart asks it to restart in place (``agent.restart``), and the models close it when its
+token is re-keyed or its row deleted (``agent.revoked``). All three are shortcuts over a
+shared layer (Redis); without one, the watcher notices the generation moves within a tick
+and the consumer's token re-check closes a revoked socket (docs/architecture.md, "Crossing
+processes"). Nothing here touches the database, so the
 models can call it and every role can import it.
 """
 
