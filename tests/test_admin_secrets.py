@@ -111,7 +111,9 @@ def test_a_viewer_sees_whether_a_key_is_set_never_the_key(client, django_user_mo
     page = client.get(change_url(external))
     assert page.status_code == 200
     assert_no_secret_anywhere(page, KEY)
-    assert "set" in page.content.decode()
+    assert '<div class="readonly">set</div>' in page.content.decode()
+    type(external).objects.filter(pk=external.pk).update(external_api_key="")
+    assert '<div class="readonly">not set</div>' in client.get(change_url(external)).content.decode()
 
 
 def test_rest_api_answers_never_contain_the_key(admin_client, external):

@@ -263,9 +263,13 @@ def test_every_api_answer_with_a_secret_is_not_stored_by_caches(world, staff):
     rekeyed = staff.post(f"/api/agents/{created.json()['id']}/rekey/")
     key = staff.post("/api/keys/", {"name": "team-b", "allowed_models": ["lazy"]}, format="json")
     token = APIClient().post("/api/auth/token/", {"username": "ops", "password": "pw"}, format="json")
-    for answer, field in ((created, "token"), (rekeyed, "token"), (key, "key"), (token, "token")):
-        assert answer.status_code in (200, 201) and answer.json()[field]
+    for answer, field, status in ((created, "token", 201), (rekeyed, "token", 200), (key, "key", 201),
+                                  (token, "token", 200)):
+        assert answer.status_code == status and answer.json()[field]
         assert "no-store" in answer["Cache-Control"], answer.request
+    # Each is the live secret: the re-key replaced the first agent token.
+    assert Agent.authenticate(rekeyed.json()["token"]).name == "gpu-8"
+    assert Agent.authenticate(created.json()["token"]) is None
 
 
 def test_keys_are_shown_once_limited_to_models_and_revoked(world, staff):
