@@ -137,13 +137,16 @@ def test_stop_wait_progress_is_one_line_per_change_without_a_terminal(fleet):
     assert code == 1 and out.count("1 replica(s) still stopping") == 1 and "\r" not in out
 
 
-def test_every_command_has_help():
+def test_every_command_has_help(capsys):
     from llmgw.cli import COMMANDS
 
     for name in COMMANDS:
         with pytest.raises(SystemExit) as exc:
             call_command("llmgw", name, "--help", stdout=io.StringIO())
         assert exc.value.code == 0
+        shown = capsys.readouterr().out  # argparse prints to the process's stdout
+        assert shown.startswith(f"usage: llmgw {name} [-h]") and "\noptions:\n" in shown, shown[:300]
+        assert shown.split("\n\n")[1].strip(), f"llmgw {name} --help has no description"
 
 
 def test_version_is_llmgws():
