@@ -88,10 +88,28 @@ def test_an_unparsable_metric_is_unknown_not_zero():
     assert parse_metric("", "vllm:num_requests_waiting") is None
 
 
-def test_a_machine_without_an_nvidia_driver_reports_cpu_and_ram_and_no_gpus():
+def test_a_machine_without_an_nvidia_driver_reports_cpu_and_ram_and_no_gpus(monkeypatch):
+    """NVML is there but finds no driver (the library installed on a CPU machine): no GPUs,
+    and NVML is not asked again."""
+    import types
+
+    from fleet.agent import inventory as inventory_module
+
+    class NVMLError(Exception):
+        pass
+
+    calls = []
+
+    def no_driver():
+        calls.append("nvmlInit")
+        raise NVMLError("Driver Not Loaded")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=no_driver))
+    monkeypatch.setattr(inventory_module, "_no_driver", False)
     inventory = read_inventory()
-    assert inventory["gpus"] == [] or all("memory_total_mib" in g for g in inventory["gpus"])
-    assert inventory["cpu_cores"] >= 1 and inventory["memory_mib"] > 0
+    assert inventory["gpus"] == []
+    assert inventory["cpu_cores"] == len(os.sched_getaffinity(0)) and inventory["memory_mib"] > 0
+    assert read_inventory()["gpus"] == [] and calls == ["nvmlInit"]
 
 
 def test_missing_weights_file_is_a_clear_error(tmp_path):
@@ -360,9 +378,16 @@ async def test_a_failed_engines_log_lines_reported_upstream_do_not_carry_its_key
     assert "server_args:" in error and "--api-key" in error and "engine-key-1" not in error
 
 
-def test_an_advertised_name_is_resolved_to_the_address_engines_listen_on():
+def test_an_advertised_name_is_resolved_to_the_address_engines_listen_on(monkeypatch):
     assert resolve_bind_host("10.1.2.3") == "10.1.2.3" and resolve_bind_host("[fd00::5]") == "fd00::5"
-    assert resolve_bind_host("localhost") in ("127.0.0.1", "::1")
+    # A name: its first address, whichever this machine's resolver puts first.
+    first = socket.getaddrinfo("localhost", None, type=socket.SOCK_STREAM)[0][4][0]
+    assert resolve_bind_host("localhost") == first
+    answers = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::7", 0, 0, 0)),
+               (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.9.8.7", 0))]
+    with monkeypatch.context() as patched:
+        patched.setattr(socket, "getaddrinfo", lambda *a, **k: answers)
+        assert resolve_bind_host("gpu-7.example.com") == "fd00::7"
     with pytest.raises(ValueError, match="cannot resolve the advertised address"):
         resolve_bind_host("no-such-host.invalid")
     assert [probe_host(h) for h in ("0.0.0.0", "::", "10.1.2.3", "fd00::5")] == [

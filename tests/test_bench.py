@@ -43,7 +43,7 @@ def test_bench_finds_the_engines_capacity_within_one_step(make_model, tmp_path):
                                "--max-concurrency", "16", "--requests-per-step", "16")
         assert code == 0, out + err
         measured = Benchmark.objects.get(model=model).max_concurrency
-        assert measured in (2, 4, 8) and measured == 4, out
+        assert measured == 4, out  # the fake engine has exactly 4 slots
         assert "TTFT p95" in out and "stored" in out
     finally:
         web.stop()

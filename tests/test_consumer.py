@@ -96,7 +96,7 @@ async def test_hello_registers_the_inventory(watcher_cleanup):
 
 
 async def test_a_message_of_unknown_type_gets_an_error_not_a_disconnect(watcher_cleanup):
-    _, token = await sync_to_async(Agent.create_with_token)("gpu-1")
+    agent, token = await sync_to_async(Agent.create_with_token)("gpu-1")
     ws = communicator(token)
     await ws.connect()
     await ws.send_json_to({"type": "bogus", "v": 1})
@@ -105,6 +105,13 @@ async def test_a_message_of_unknown_type_gets_an_error_not_a_disconnect(watcher_
     await ws.send_json_to({"type": "heartbeat", "v": 99})
     reply = await receive_type(ws, "error")
     assert "version" in reply["message"]
+    # Still connected: the socket is open and the agent's row says so.
+    # Still connected: nothing but messages comes (no close), and the agent's row says so.
+    outputs = []
+    while not await ws.receive_nothing(timeout=0.3):
+        outputs.append(await ws.receive_output())
+    assert [o["type"] for o in outputs] == ["websocket.send"] * len(outputs), outputs
+    assert (await Agent.objects.aget(pk=agent.pk)).connected
     await ws.disconnect()
 
 

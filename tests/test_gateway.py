@@ -94,9 +94,11 @@ def test_chat_completion_is_relayed(client, servers, make_model):
 
 def test_completions_and_embeddings_are_relayed(client, servers, make_model):
     wait_routed(client, serve(make_model("fake-model"), servers["engine"]))
-    assert client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"}).json()["choices"][0]["text"]
-    emb = client.post("/v1/embeddings", json={"model": "fake-model", "input": ["a", "b"]}).json()
-    assert len(emb["data"]) == 2
+    r = client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+    assert r.status_code == 200 and r.json()["object"] == "text_completion"
+    assert r.json()["choices"][0]["text"].startswith("tok0")
+    r = client.post("/v1/embeddings", json={"model": "fake-model", "input": ["a", "b"]})
+    assert r.status_code == 200 and [(d["index"], len(d["embedding"])) for d in r.json()["data"]] == [(0, 8), (1, 8)]
 
 
 def test_streaming_chunks_arrive_as_they_are_produced(client, servers, make_model):

@@ -19,6 +19,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from catalog.models import Model
+from fleet.models import Replica
 from gateway.models import ApiKey, UsageRecord
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 from tests.test_gateway import routed_to, serve
@@ -243,10 +244,12 @@ def test_a_client_gone_before_a_non_streamed_answer_is_counted_out_and_recorded_
 
 
 def test_a_refused_connection_is_retried_on_another_ready_replica(servers, key, models):
+    good = Replica.objects.get(model=models["plain"], port=servers["ports"]["plain"])
     serve(models["plain"], free_port())  # a second "ready" replica whose port refuses
     time.sleep(0.3)
-    for _ in range(6):  # whichever replica is chosen first, every request succeeds
-        assert post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key).status_code == 200
+    for _ in range(6):  # whichever replica is chosen first, every request succeeds, from the one that listens
+        r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": HI}, key)
+        assert r.status_code == 200 and routed_to(r, good), (r.status_code, r.headers.get("x-llmgw-replica"))
 
 
 def test_an_upstream_429_stays_a_429(oai):

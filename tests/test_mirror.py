@@ -482,6 +482,8 @@ def test_an_agent_with_a_wrong_token_is_refused(control_plane, agent_token, mirr
         WeightsCache(tmp_path / "cache").fetch("secret", control_plane, "llmgw-agent-wrong")
     with pytest.raises(WeightsError, match="has no mirror:missing"):
         WeightsCache(tmp_path / "cache").fetch("missing", control_plane, agent_token)
+    assert list(WeightsCache(tmp_path / "cache").entries()) == []  # nothing was downloaded
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
 
 
 def test_cache_eviction_keeps_weights_in_use(control_plane, agent_token, mirrored, tmp_path):

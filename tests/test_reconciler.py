@@ -23,14 +23,18 @@ def test_only_one_holder_gets_the_pass_lock():
     now = timezone.now()
     assert PassLock.try_acquire("worker-a", now, 60) is not None
     assert PassLock.try_acquire("worker-b", now, 60) is None
+    assert PassLock.objects.get(pk=1).holder == "worker-a"
     assert PassLock.release_if_unchanged("worker-a", 0, now)
     assert PassLock.try_acquire("worker-b", now, 60) is not None
+    assert PassLock.objects.get(pk=1).holder == "worker-b"
 
 
 def test_an_expired_lock_is_taken_over():
     now = timezone.now()
     PassLock.try_acquire("crashed-worker", now - timedelta(seconds=120), 60)
     assert PassLock.try_acquire("worker-b", now, 60) is not None
+    lock = PassLock.objects.get(pk=1)
+    assert (lock.holder, lock.expires_at) == ("worker-b", now + timedelta(seconds=60))
 
 
 def test_a_pass_requested_during_a_pass_is_run_by_the_holder(monkeypatch):
@@ -47,8 +51,14 @@ def test_a_pass_requested_during_a_pass_is_run_by_the_holder(monkeypatch):
 
 
 def test_a_skipped_request_is_not_lost(monkeypatch):
-    PassLock.try_acquire("worker-a", timezone.now(), 60)
+    now = timezone.now()
+    seen = PassLock.try_acquire("worker-a", now, 60)
+    PassLock.request_pass()  # what worker-b's task was started for
     assert reconciler.reconcile("worker-b") == 0  # busy: the holder will see the request
+    assert PassLock.objects.get(pk=1).holder == "worker-a"
+    # The holder may not release after its pass: the request is still counted, so it runs again.
+    assert not PassLock.release_if_unchanged("worker-a", seen, now)
+    assert PassLock.objects.get(pk=1).requested == seen + 1
 
 
 def test_a_pass_places_min_replicas_and_says_why(make_model):

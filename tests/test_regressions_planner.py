@@ -1,6 +1,6 @@
 """Breaker: planner-level findings (pure, no DB)."""
 from tests.test_planner import NOW, ago, gpu_agent, model, rep, snap
-from fleet.planning.planner import plan
+from fleet.planning.planner import MoveCause, plan
 from fleet.states import ReplicaState as S
 
 
@@ -16,6 +16,10 @@ def test_idle_scale_down_in_the_same_pass_already_frees_room_so_no_wanted_replic
     result = plan(snap(agents, models + [wanted], replicas, min_idle_before_eviction_s=60), NOW)
     evicted = [(m.replica_id, m.reason) for m in result.moves if "evicted" in m.reason]
     assert evicted == [], f"evicted a wanted replica although room is already being freed: {evicted}"
+    # Only qwen drains, for its idleness; llama waits for its GPU.
+    assert [(m.replica_id, m.to, m.cause) for m in result.moves] == [(100, S.DRAINING, MoveCause.IDLE)]
+    assert result.places == [] and not result.models[1].unservable
+    assert result.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"
 
 
 def test_second_pass_while_the_victim_drains_neither_evicts_more_nor_reports_unservable():
@@ -35,7 +39,9 @@ def test_second_pass_while_the_victim_drains_neither_evicts_more_nor_reports_uns
     second = plan(snap(agents, models2 + [wanted], replicas2, min_idle_before_eviction_s=60), NOW)
     evicted = [m.replica_id for m in second.moves if "evicted" in m.reason]
     assert evicted == [], f"second pass evicted more than needed: {second.moves}"
+    assert second.actions == []  # the victim drains on; nothing else moves, nothing is placed
     assert not second.models[1].unservable, second.models[1].reason
+    assert second.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"
 
 
 def test_pass_while_the_victim_is_stopping_does_not_tell_held_clients_it_is_unservable():
@@ -46,3 +52,4 @@ def test_pass_while_the_victim_is_stopping_does_not_tell_held_clients_it_is_unse
                     state_changed_at=ago(1))]
     result = plan(snap(agents, models + [wanted], replicas), NOW)
     assert not result.models[1].unservable, result.models[1].reason
+    assert result.actions == [] and result.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"

@@ -48,7 +48,9 @@ def test_a_placing_replica_the_agent_never_acknowledges_does_not_block_the_model
     Agent.objects.filter(pk=a.pk).update(last_seen_at=timezone.now())
     reconciler.reconcile()
     r.refresh_from_db()
-    assert r.state != "placing", "a replica unacknowledged for 2 hours is still 'placing' with no reason given"
+    # Failed with its reason (so the planner replaces it, with backoff), not left placing.
+    assert r.state == "failed", "a replica unacknowledged for 2 hours is still 'placing' with no reason given"
+    assert r.reason.startswith("agent cpu-1 did not take it up within "), r.reason
 
 
 @pytest.mark.parametrize("bad", [
@@ -57,7 +59,11 @@ def test_a_placing_replica_the_agent_never_acknowledges_does_not_block_the_model
 ])
 def test_garbage_replica_ids_are_ignored(make_model, bad):
     a = agent()
+    m = make_model("m", min_replicas=0, max_replicas=1)
+    r = Replica.objects.create(model=m, profile=m.profile, agent=a, state="starting", cpu_cores=1, memory_mib=128)
+    before = list(Replica.objects.values())
     reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": [bad]})
+    assert list(Replica.objects.values()) == before and Replica.objects.get(pk=r.pk).state == "starting"
 
 
 def test_a_non_numeric_pid_from_an_agent_does_not_break_the_report(make_model):
@@ -68,7 +74,8 @@ def test_a_non_numeric_pid_from_an_agent_does_not_break_the_report(make_model):
     # message refused with an 'error'), the rest of the report still applies.
     reports.record_status(a.pk, {"type": "status", "v": 1,
                                  "replicas": [{"replica_id": r.pk, "state": "ready", "pid": "abc", "port": 20001}]})
-    assert Replica.objects.get(pk=r.pk).state == "ready"
+    r.refresh_from_db()
+    assert (r.state, r.pid, r.port) == ("ready", None, 20001)  # the pid skipped, the rest applied
 
 
 def test_a_negative_port_from_an_agent_does_not_break_the_report(make_model):
@@ -78,16 +85,30 @@ def test_a_negative_port_from_an_agent_does_not_break_the_report(make_model):
     reports.record_status(a.pk, {"type": "status", "v": 1,
                                  "replicas": [{"replica_id": r.pk, "state": "ready", "pid": 5, "port": -1}]})
     r.refresh_from_db()
-    assert r.port is None or r.port > 0
+    assert (r.state, r.pid, r.port) == ("ready", 5, None)  # the port skipped, the rest applied
 
 
 def test_a_report_of_a_list_instead_of_a_dict_does_not_crash(make_model):
     a = agent()
-    reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": [[1, 2]]})
+    m = make_model("m", min_replicas=0, max_replicas=1)
+    r = Replica.objects.create(model=m, profile=m.profile, agent=a, state="starting", cpu_cores=1, memory_mib=128)
+    before = list(Replica.objects.values())
+    reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": [[r.pk, 2]]})
     reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": "ready"})
+    assert list(Replica.objects.values()) == before  # nothing read from either
+    # The next well-formed report still applies.
+    reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": [{"replica_id": r.pk, "state": "ready"}]})
+    assert Replica.objects.get(pk=r.pk).state == "ready"
 
 
 def test_an_inventory_with_garbage_gpu_does_not_crash(make_model):
+    """Malformed entries are skipped: a GPU without an index is no GPU, a count that is not
+    a non-negative number is none (0), so nothing is placed on what cannot be read."""
     a = agent()
     reports.record_status(a.pk, {"type": "status", "v": 1, "replicas": [],
-                                 "inventory": {"gpus": [{"index": "zero"}], "cpu_cores": "many", "memory_mib": -5}})
+                                 "inventory": {"gpus": [{"index": "zero"}, {"index": 1, "memory_total_mib": "lots",
+                                                                            "name": "H100"}],
+                                               "cpu_cores": "many", "memory_mib": -5}})
+    a.refresh_from_db()
+    assert (a.cpu_cores, a.memory_mib) == (0, 0)
+    assert list(a.gpus.values_list("index", "name", "memory_total_mib")) == [(1, "H100", 0)]

@@ -49,7 +49,7 @@ def test_zero_days_keeps_everything(history):
     ClusterSettings.objects.filter(pk=ClusterSettings.get_solo().pk).update(history_retention_days=0)
     assert retention.prune_history(now + timedelta(days=3650)) == {"usage_records": 0, "scaling_events": 0,
                                                                   "replicas": 0}
-    assert UsageRecord.objects.count() == 3
+    assert UsageRecord.objects.count() == 3 and ScalingEvent.objects.count() == 3 and Replica.objects.count() == 4
 
 
 def test_a_backlog_is_deleted_in_bounded_runs(make_model, monkeypatch):
@@ -95,6 +95,12 @@ def test_migrating_fleet_alone_on_a_new_database_does_not_trip_on_the_missing_sc
     for argv in (["migrate", "fleet"], ["migrate"]):
         done = subprocess.run([sys.executable, "manage.py", *argv], capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
+    # Once django-q's tables exist, the full migrate registers the schedule there.
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "llmgw.sqlite3") as db:
+        rows = db.execute("SELECT func FROM django_q_schedule WHERE name = ?", (retention.SCHEDULE_NAME,)).fetchall()
+    assert rows == [("llmgw.retention.prune_history",)]
 
 
 def test_a_retention_beyond_a_century_is_refused_and_never_overflows():
@@ -105,4 +111,7 @@ def test_a_retention_beyond_a_century_is_refused_and_never_overflows():
     with pytest.raises(ValidationError):
         cluster.full_clean()
     ClusterSettings.objects.filter(pk=cluster.pk).update(history_retention_days=999_999)  # set around the admin
+    UsageRecord.objects.create(at=timezone.now() - timedelta(days=3650), model_name="m", path="chat/completions",
+                               status=200, total_ms=1)
     assert retention.prune_history() == {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+    assert UsageRecord.objects.count() == 1  # ten years old, inside a century: kept

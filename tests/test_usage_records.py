@@ -32,6 +32,7 @@ def test_a_row_the_database_refuses_is_dropped_and_the_rest_written(caplog):
     assert "dropped a usage record" in caplog.text
     buffer.add(**row(model_name="d"))
     assert buffer.flush() == 1  # nothing stuck behind the bad row
+    assert sorted(mine.values_list("model_name", flat=True)) == ["a", "c", "d"] and buffer.take() == []
 
 
 def test_an_unreachable_database_keeps_the_rows_within_a_bound(monkeypatch):
