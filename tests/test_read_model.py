@@ -130,7 +130,7 @@ def test_silence_nobody_could_hear_counts_from_when_the_control_plane_listens_ag
     m = make_model("m", min_replicas=1)
     r = replica(m, a)
     now = timezone.now()
-    ControlPlane.objects.create(host="h", role="web", pid=1, started_at=now - timedelta(seconds=2), last_seen_at=now)
+    ControlPlane.objects.create(host="h", role=ControlPlane.Role.WEB, pid=1, started_at=now - timedelta(seconds=2), last_seen_at=now)
     said = answers(m)
     assert_agents(said, {"a": True})
     assert_replicas(said, m, ready=1, states={r.pk: "ready"})
