@@ -13,7 +13,7 @@ from django.utils import timezone
 from catalog.models import Model, Profile
 from llmgw import tokens
 from fleet import groups
-from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, check_transition
+from fleet.states import ASSIGNED_TO_AGENT, HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, check_transition
 
 
 def engine_url(address: str, port: int | None) -> str:
@@ -23,6 +23,53 @@ def engine_url(address: str, port: int | None) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def heard_cutoff(now: datetime, listening_since: datetime | None = None,
+                 lost_after_s: float | None = None) -> datetime | None:
+    """The oldest last message that still counts as heard from at ``now``, or None when
+    every agent counts as heard (nobody could listen for ``lost_after_s`` yet).
+
+    The planner's lost-agent rule (``fleet.planning.planner.silent_for_s``, rule 1 of
+    ``plan``): an agent is lost once silent for more than ``lost_after_s`` seconds
+    (default ``LLMGW_AGENT_LOST_AFTER_S``), its silence counted from the later of its last
+    message and ``listening_since`` (``fleet.control.planes.listening_since``)."""
+    from django.conf import settings
+
+    if lost_after_s is None:
+        lost_after_s = settings.LLMGW_AGENT_LOST_AFTER_S
+    cutoff = now - timedelta(seconds=lost_after_s)
+    if listening_since is not None and listening_since >= cutoff:
+        return None
+    return cutoff
+
+
+class AgentQuerySet(models.QuerySet):
+    """Agents by the rules every surface shares (``fleet.ops.cluster``)."""
+
+    def connected(self) -> "AgentQuerySet":
+        """Agents holding a websocket, as the stored flag says (it can be stale: a web
+        process killed without closing its sockets leaves it set)."""
+        return self.filter(connected=True)
+
+    def heard_from(self, now: datetime, listening_since: datetime | None = None) -> "AgentQuerySet":
+        """Agents not lost at ``now`` (:func:`heard_cutoff`): their replicas keep their
+        states, connected or not (a restarting agent's engines keep serving)."""
+        cutoff = heard_cutoff(now, listening_since)
+        return self.all() if cutoff is None else self.filter(last_seen_at__gte=cutoff)
+
+    def lost(self, now: datetime, listening_since: datetime | None = None) -> "AgentQuerySet":
+        """Agents silent past the lost grace at ``now``: the next pass marks their replicas lost."""
+        cutoff = heard_cutoff(now, listening_since)
+        if cutoff is None:
+            return self.none()
+        return self.filter(models.Q(last_seen_at__lt=cutoff) | models.Q(last_seen_at__isnull=True))
+
+    def alive(self, now: datetime, listening_since: datetime | None = None) -> "AgentQuerySet":
+        """Connected and heard from (:meth:`heard_from`): what the planner may place on
+        (uncordoned), and what ``status``, the dashboard, the REST API and ``/metrics`` call
+        alive."""
+        return self.connected().heard_from(now, listening_since)
 
 
 class Agent(models.Model):
@@ -48,6 +95,8 @@ class Agent(models.Model):
     restart_generation = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = AgentQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
         permissions = [
@@ -57,6 +106,15 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def is_heard_from(self, now: datetime, listening_since: datetime | None = None) -> bool:
+        """This agent as :meth:`AgentQuerySet.heard_from` sees it (no query)."""
+        cutoff = heard_cutoff(now, listening_since)
+        return cutoff is None or (self.last_seen_at is not None and self.last_seen_at >= cutoff)
+
+    def is_alive(self, now: datetime, listening_since: datetime | None = None) -> bool:
+        """This agent as :meth:`AgentQuerySet.alive` sees it (no query)."""
+        return self.connected and self.is_heard_from(now, listening_since)
 
     def set_token(self, token: str) -> None:
         self.token_prefix = tokens.token_prefix(token)
@@ -129,8 +187,38 @@ class Gpu(models.Model):
 
 
 class ReplicaQuerySet(models.QuerySet):
+    """Replicas by the named state sets of ``fleet.states``."""
+
+    def in_states(self, states) -> "ReplicaQuerySet":
+        """Replicas whose stored state is one of ``states`` (ReplicaState members)."""
+        return self.filter(state__in=[ReplicaState(s).value for s in states])
+
     def assigned_to_agent(self) -> "ReplicaQuerySet":
-        return self.filter(state__in=[s.value for s in ASSIGNED_TO_AGENT])
+        """What the agent should be running (sent in ``assign``)."""
+        return self.in_states(ASSIGNED_TO_AGENT)
+
+    def holding_resources(self) -> "ReplicaQuerySet":
+        """Replicas whose GPUs, cores and memory count as taken (placing … stopping)."""
+        return self.in_states(HOLDS_RESOURCES)
+
+    def live(self) -> "ReplicaQuerySet":
+        """What an operator sees as the cluster: holding resources, or lost."""
+        return self.in_states(LIVE)
+
+    def not_stopped(self) -> "ReplicaQuerySet":
+        return self.in_states(NOT_STOPPED)
+
+    def ready(self) -> "ReplicaQuerySet":
+        """Stored state ``ready``. A surface counting ready replicas also needs their agent
+        heard from (``fleet.ops.cluster.ready_by_model``): on a lost agent, ready is lost."""
+        return self.in_states([ReplicaState.READY])
+
+
+class ModelStateQuerySet(models.QuerySet):
+    def looked_at(self) -> "ModelStateQuerySet":
+        """Models a reconcile pass has recorded its verdict on (``reason_at`` set; a row
+        made by a request wanting the model is not one)."""
+        return self.filter(reason_at__isnull=False)
 
 
 class Replica(models.Model):
@@ -222,6 +310,13 @@ class ModelState(models.Model):
     observed_per_replica = models.PositiveIntegerField(null=True, blank=True)
     #: Since when, with nothing waiting, fewer replicas would be too full (``fleet.planning.scaling``).
     crowded_since = models.DateTimeField(null=True, blank=True)
+
+    objects = ModelStateQuerySet.as_manager()
+
+    @property
+    def looked_at(self) -> bool:
+        """A pass recorded its verdict (:meth:`ModelStateQuerySet.looked_at`)."""
+        return self.reason_at is not None
 
     def __str__(self) -> str:
         return f"state of {self.model_id}"

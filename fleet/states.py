@@ -61,6 +61,25 @@ RELEASING = frozenset({S.DRAINING, S.STOPPING})
 ASSIGNED_TO_AGENT = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READY, S.DRAINING})
 #: Nothing more happens to these.
 TERMINAL = frozenset({S.STOPPED})
+#: What an operator sees as the cluster now (``status``, the dashboard, the pass's
+#: snapshot): replicas holding resources, and lost ones that may come back.
+LIVE = HOLDS_RESOURCES | {S.LOST}
+#: Every state but the terminal one, in the enum's order (``/metrics`` reports each).
+NOT_STOPPED = tuple(s for s in ReplicaState if s not in TERMINAL)
+#: Ended: kept only as history (failures count for backoff; retention prunes them).
+ENDED = frozenset({S.STOPPED, S.FAILED})
+
+
+def moved_when_agent_lost(state: ReplicaState | str) -> ReplicaState:
+    """The state a replica in ``state`` takes when its agent is lost (the planner's rule 1,
+    ``fleet.planning.planner.plan``): counting towards desired → ``lost``; draining →
+    ``stopping`` (on its way out anyway); anything else stays as it is."""
+    state = ReplicaState(state)
+    if state in COUNTS_TOWARDS_DESIRED:
+        return S.LOST
+    if state == S.DRAINING:
+        return S.STOPPING
+    return state
 
 
 class InvalidTransition(ValueError):

@@ -16,6 +16,13 @@ class ApiKey(models.Model):
     at creation), optionally limited to some models, with expiry and revocation that apply
     within a fraction of a second (the gateway caches keys for one watcher refresh)."""
 
+    class State(models.TextChoices):
+        """Where a key stands (:attr:`ApiKey.state`; computed, not stored)."""
+
+        ACTIVE = "active", "active"
+        EXPIRED = "expired", "expired"
+        REVOKED = "revoked", "revoked"
+
     name = models.CharField(max_length=128)
     prefix = models.CharField(max_length=64, db_index=True, editable=False)
     sha256 = models.CharField(max_length=64, editable=False)
@@ -77,12 +84,13 @@ class ApiKey(models.Model):
             self.save(update_fields=["revoked_at", "updated_at"])
 
     @property
-    def state(self) -> str:
+    def state(self) -> "ApiKey.State":
+        """Revoked (whatever its expiry), else expired once ``expires_at`` has passed, else active."""
         if self.revoked_at:
-            return "revoked"
+            return ApiKey.State.REVOKED
         if self.expires_at and self.expires_at <= timezone.now():
-            return "expired"
-        return "active"
+            return ApiKey.State.EXPIRED
+        return ApiKey.State.ACTIVE
 
 
 class UsageRecord(models.Model):

@@ -44,7 +44,7 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
     loops, far inside the shortest retention (one day)."""
     from catalog.models import ClusterSettings
     from fleet.models import Replica, ScalingEvent
-    from fleet.states import ReplicaState
+    from fleet.states import ENDED
     from gateway.models import UsageRecord
 
     days = ClusterSettings.get_solo().history_retention_days
@@ -53,11 +53,10 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
         return counts
     cutoff = (now or timezone.now()) - timedelta(days=min(days, 36500))  # a century: nothing to prune
     deadline = time.monotonic() + budget_s
-    ended = [ReplicaState.STOPPED.value, ReplicaState.FAILED.value]
     # Scaling events and replicas first: few rows; usage records may be millions.
     counts["scaling_events"] = _delete_in_batches(ScalingEvent.objects.filter(at__lt=cutoff), deadline, max_rows)
     counts["replicas"] = _delete_in_batches(
-        Replica.objects.filter(state__in=ended, state_changed_at__lt=cutoff), deadline, max_rows)
+        Replica.objects.in_states(ENDED).filter(state_changed_at__lt=cutoff), deadline, max_rows)
     counts["usage_records"] = _delete_in_batches(UsageRecord.objects.filter(at__lt=cutoff), deadline, max_rows)
     if any(counts.values()):
         log.info("history older than %d days deleted: %s", days, counts)

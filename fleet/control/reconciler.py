@@ -86,7 +86,9 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
         if outcome.forget_demand and state.wanted_at is not None:
             state.wanted_at = None
             changed.append("wanted_at")
-        if changed:
+        # A first verdict is stamped even when it changes nothing: ``reason_at`` set is what
+        # "looked at by a pass" means (``ModelState.objects.looked_at``).
+        if changed or state.reason_at is None:
             state.reason_at = now
             state.save(update_fields=changed + ["reason_at"])
     for note in result.notes:

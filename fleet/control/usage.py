@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet.models import ModelState, Replica, UsageReport
+from fleet.states import ReplicaState
 
 
 def advance(current: datetime | None, reported: datetime | None) -> datetime | None:
@@ -77,7 +78,8 @@ def keep_demand_alive(model_id: int, used_at: datetime, replica_id: int | None =
         wanted_at=used_at)
     if moved or replica_id is None:
         return bool(moved)
-    warm = Replica.objects.filter(pk=replica_id, model__on_demand=True, state__in=["ready", "draining"]).exists()
+    warm = Replica.objects.filter(pk=replica_id, model__on_demand=True).in_states(
+        {ReplicaState.READY, ReplicaState.DRAINING}).exists()
     if not warm:
         return False
     return bool(ModelState.objects.filter(model_id=model_id, wanted_at__isnull=True).update(wanted_at=used_at))

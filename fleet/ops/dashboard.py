@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Max
-from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
+from fleet.ops import cluster as read
 from fleet.states import COMING_UP, HOLDS_RESOURCES, ReplicaState
 
 S = ReplicaState
@@ -198,17 +197,21 @@ def agent_row(agent: Agent, gpus: list[Gpu], replicas: list[Replica], alive: boo
 
 
 def load(now: datetime | None = None) -> Dashboard:
-    """Read the cluster for the dashboard (a handful of queries, none per agent or model)."""
-    now = now or timezone.now()
+    """Read the cluster for the dashboard (a handful of queries, none per agent or model).
+    Alive, replica states, ready counts and "not looked at yet" are the read model's
+    (``fleet.ops.cluster``), the same as ``status``, ``explain`` and ``/metrics``."""
+    at = read.moment(now)
     cluster = ClusterSettings.get_solo()
-    heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_LOST_AFTER_S)
     gpus: dict[int, list[Gpu]] = defaultdict(list)
     for gpu in Gpu.objects.all():
         gpus[gpu.agent_id].append(gpu)
-    live = list(
-        Replica.objects.filter(state__in=[s.value for s in HOLDS_RESOURCES] + [S.LOST.value])
-        .select_related("model").order_by("id")
-    )
+    all_agents = list(Agent.objects.all())
+    heard = {a.pk: at.agent_heard_from(a) for a in all_agents}
+    live = list(Replica.objects.live().select_related("model").order_by("id"))
+    for r in live:
+        # The shown state (on a lost agent: what the next pass makes it). Only these
+        # in-memory copies change; nothing is saved.
+        r.state = read.shown_state(r.state, heard.get(r.agent_id, True)).value
     holding = {s.value for s in HOLDS_RESOURCES}
     by_agent: dict[int, list[Replica]] = defaultdict(list)
     by_model: dict[int, list[str]] = defaultdict(list)
@@ -216,11 +219,7 @@ def load(now: datetime | None = None) -> Dashboard:
         if r.state in holding:
             by_agent[r.agent_id].append(r)
         by_model[r.model_id].append(r.state)
-    agents = tuple(
-        agent_row(a, gpus[a.pk], by_agent[a.pk],
-                  alive=a.connected and a.last_seen_at is not None and a.last_seen_at >= heard_since)
-        for a in Agent.objects.all()
-    )
+    agents = tuple(agent_row(a, gpus[a.pk], by_agent[a.pk], alive=at.agent_alive(a)) for a in all_agents)
     newest = dict(Replica.objects.values("model_id").annotate(n=Max("id")).values_list("model_id", "n"))
     last_state = dict(Replica.objects.filter(id__in=newest.values()).values_list("model_id", "state"))
     states = {s.model_id: s for s in ModelState.objects.all()}
@@ -234,7 +233,7 @@ def load(now: datetime | None = None) -> Dashboard:
                               unservable=bool(st and st.unservable), last_state=last_state.get(m.pk)),
             desired=desired, ready=by_model[m.pk].count(S.READY.value), on_demand=m.on_demand,
             external=m.is_external,
-            reason=(st.reason if st else "") or ("" if m.is_external else "not looked at by a reconcile pass yet"),
+            reason=read.model_reason(st),
             reason_at=st.reason_at if st else None, wanted_at=st.wanted_at if st else None,
             unservable=bool(st and st.unservable),
         ))
@@ -246,5 +245,6 @@ def load(now: datetime | None = None) -> Dashboard:
     return Dashboard(
         stopped=cluster.stopped, stopped_at=cluster.stopped_at, stopped_by=cluster.stopped_by,
         running=sum(len(v) for v in by_agent.values()), agents=agents, models=tuple(models), events=events,
-        generated_at=now, counts=counts,
+        generated_at=at.now, counts=counts,
     )
+

@@ -10,6 +10,8 @@ from django.utils import timezone
 from catalog.models import Benchmark, ClusterSettings, Model
 from catalog.schedules import active_window, describe
 from fleet.models import ModelState, ScalingEvent
+from fleet.ops import cluster as read
+from fleet.states import ReplicaState
 
 
 def _ago(when):
@@ -20,9 +22,12 @@ def _ago(when):
 
 def explain_model(model: Model) -> dict:
     """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
-    durations in seconds)."""
+    durations in seconds). ``ready``, the replicas' states and ``reason`` before any pass
+    are the read model's (``fleet.ops.cluster``), as in ``status`` and the dashboard."""
+    at = read.moment()
     state = ModelState.objects.filter(model=model).first()
     replicas = list(model.replicas.select_related("agent").order_by("-id")[:20])
+    shown = {r.pk: at.replica_state(r) for r in replicas}
     used = [r.last_used_at for r in replicas if r.last_used_at]
     last_used = max(used) if used else None
     cluster = ClusterSettings.get_solo()
@@ -30,7 +35,7 @@ def explain_model(model: Model) -> dict:
     window = active_window(windows, timezone.now(), cluster.time_zone) if windows else None
     bench = Benchmark.objects.filter(model=model, profile_id=model.profile_id).first()
     events = list(ScalingEvent.objects.filter(model=model)[:5])
-    failed = [r for r in replicas if r.state == "failed"]
+    failed = [r for r in replicas if shown[r.pk] == ReplicaState.FAILED]
     return {
         "model": model.name,
         "schedule": [describe(w) for w in windows],
@@ -48,15 +53,15 @@ def explain_model(model: Model) -> dict:
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,
         "desired": state.desired if state else 0,
-        "ready": sum(1 for r in replicas if r.state == "ready"),
+        "ready": read.ready_by_model(at, [model.pk]).get(model.pk, 0),
         "wanted_at": state.wanted_at.isoformat() if state and state.wanted_at else None,
         "last_used_at": last_used.isoformat() if last_used else None,
         "idle_for_s": _ago(last_used),
         "unservable": bool(state and state.unservable),
-        "reason": state.reason if state else "no reconcile pass has looked at it yet",
+        "reason": read.model_reason(state),
         "replicas": [
-            {"id": r.pk, "agent": r.agent.name, "state": r.state, "port": r.port, "reason": r.reason,
+            {"id": r.pk, "agent": r.agent.name, "state": shown[r.pk].value, "port": r.port, "reason": r.reason,
              "error": r.error.splitlines()[0] if r.error else ""}
-            for r in replicas if r.state not in ("stopped",)
+            for r in replicas if shown[r.pk] != ReplicaState.STOPPED
         ],
     }

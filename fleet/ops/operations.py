@@ -18,7 +18,8 @@ from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
 from fleet.control.reconciler import request_pass
 from fleet.groups import nudge_agents, restart_agents
-from fleet.states import HOLDS_RESOURCES, ReplicaState
+from fleet.ops import cluster as read
+from fleet.states import COMING_UP, HOLDS_RESOURCES, ReplicaState
 
 
 def stop_cluster(by: str) -> bool:
@@ -44,8 +45,9 @@ def start_cluster() -> bool:
 
 
 def replicas_running() -> int:
-    """Replicas still holding resources (placing … stopping)."""
-    return Replica.objects.filter(state__in=[s.value for s in HOLDS_RESOURCES]).count()
+    """Replicas still holding resources (placing … stopping; on a lost agent, as the next
+    pass leaves them: ``fleet.ops.cluster``)."""
+    return read.replicas_holding_resources(read.moment())
 
 
 def models_short_of_ready(since) -> list[dict] | None:
@@ -55,7 +57,7 @@ def models_short_of_ready(since) -> list[dict] | None:
     last = PassLock.objects.filter(pk=1).values_list("last_pass_at", flat=True).first()
     if last is None or last < since:
         return None
-    ready = dict(_count_by_model(ReplicaState.READY.value))
+    ready = read.ready_by_model(read.moment())
     short = []
     for state in ModelState.objects.select_related("model").filter(desired__gt=0).order_by("model__name"):
         if state.model.is_external:
@@ -69,7 +71,7 @@ def models_short_of_ready(since) -> list[dict] | None:
 def request_agent_restarts() -> list[str]:
     """Ask every connected agent to restart in place (engines keep serving). Returns their
     names. Delivered by the watcher of the web process holding each websocket."""
-    agents = list(Agent.objects.filter(connected=True).order_by("name"))
+    agents = list(Agent.objects.connected().order_by("name"))
     Agent.objects.filter(pk__in=[a.pk for a in agents]).update(restart_generation=F("restart_generation") + 1)
     restart_agents([a.pk for a in agents])
     return [a.name for a in agents]
@@ -96,48 +98,45 @@ def control_planes(fresh_s: float | None = None) -> list[dict]:
 
 
 def cluster_status() -> dict:
-    """Everything ``llmgw status`` shows, as plain data (JSON-ready)."""
+    """Everything ``llmgw status`` shows, as plain data (JSON-ready). An agent's
+    ``connected`` is the read model's *alive* (``fleet.ops.cluster``: connected and heard
+    from); replica states and ready counts are the read model's too (on a lost agent, what
+    the next pass makes them)."""
+    at = read.moment()
     cluster = ClusterSettings.get_solo()
     gpus_by_agent: dict[int, list[Gpu]] = {}
     for gpu in Gpu.objects.all():
         gpus_by_agent.setdefault(gpu.agent_id, []).append(gpu)
-    holding = [s.value for s in HOLDS_RESOURCES]
+    agents_by_id = {agent.pk: agent for agent in Agent.objects.all()}
+    replicas = list(Replica.objects.live().select_related("model").order_by("id"))
+    shown = {r.pk: at.replica_state(r, agents_by_id[r.agent_id]) for r in replicas}
     used: dict[int, set[int]] = {}
-    for agent_id, indices in Replica.objects.filter(state__in=holding).values_list("agent_id", "gpu_indices"):
-        used.setdefault(agent_id, set()).update(indices or [])
+    for r in replicas:
+        if shown[r.pk] in HOLDS_RESOURCES:
+            used.setdefault(r.agent_id, set()).update(r.gpu_indices or [])
     agents = []
-    heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_LOST_AFTER_S)
-    for agent in Agent.objects.all():
+    for agent in agents_by_id.values():
         gpus = gpus_by_agent.get(agent.pk, [])
-        # The flag alone can be stale (a web process killed without closing its sockets).
-        alive = agent.connected and agent.last_seen_at is not None and agent.last_seen_at >= heard_since
         agents.append({
-            "name": agent.name, "connected": alive, "cordoned": agent.cordoned,
+            "name": agent.name, "connected": at.agent_alive(agent), "cordoned": agent.cordoned,
             "address": agent.address,
             "last_seen_at": agent.last_seen_at.isoformat() if agent.last_seen_at else None,
             "gpus_total": len(gpus), "gpus_used": len(used.get(agent.pk, set())),
             "cpu_cores": agent.cpu_cores, "memory_mib": agent.memory_mib,
         })
     states = {s.model_id: s for s in ModelState.objects.all()}
-    ready = dict(
-        (row[0], row[1]) for row in _count_by_model(ReplicaState.READY.value)
-    )
+    ready = read.ready_by_model(at)
     models = []
     for model in Model.objects.all():
         state = states.get(model.pk)
         desired = state.desired if state else 0
         entry = {"name": model.name, "desired": desired, "ready": ready.get(model.pk, 0),
                  "on_demand": model.on_demand, "external": model.is_external}
-        if state is None:
-            entry["reason"] = "not looked at by a reconcile pass yet"
+        if not read.looked_at(state):
+            entry["reason"] = read.NOT_LOOKED_AT
         elif entry["ready"] != desired or state.unservable:
             entry["reason"] = state.reason
         models.append(entry)
-    replicas = [
-        {"id": r.pk, "model": r.model.name, "agent": r.agent.name, "state": r.state, "port": r.port,
-         "gpus": r.gpu_indices}
-        for r in Replica.objects.filter(state__in=holding + [ReplicaState.LOST.value]).select_related("model", "agent").order_by("id")
-    ]
     return {
         "serving": not cluster.stopped,
         "stopped": cluster.stopped,
@@ -147,14 +146,12 @@ def cluster_status() -> dict:
         "control_planes": control_planes(),
         "agents": agents,
         "models": models,
-        "replicas": replicas,
+        "replicas": [
+            {"id": r.pk, "model": r.model.name, "agent": agents_by_id[r.agent_id].name, "state": shown[r.pk].value,
+             "port": r.port, "gpus": r.gpu_indices}
+            for r in replicas
+        ],
     }
-
-
-def _count_by_model(state: str):
-    from django.db.models import Count
-
-    return Replica.objects.filter(state=state).values_list("model_id").annotate(n=Count("id"))
 
 
 # --- Agents and on-demand models: the dashboard's and the REST API's actions ---------------
@@ -188,11 +185,10 @@ def drain_agent(agent: Agent, by: str = "") -> int:
     stop, and a pass is requested so the planner places their successors on other agents.
     Returns how many replicas were moved (0: only cordoned)."""
     why = f"agent {agent.name} drained" + (f" by {by}" if by else "")
-    coming_up = [s.value for s in (ReplicaState.PLACING, ReplicaState.DOWNLOADING, ReplicaState.STARTING)]
     with transaction.atomic():
         Agent.objects.filter(pk=agent.pk).update(cordoned=True)
         agent.cordoned = True
-        replicas = list(Replica.objects.filter(agent=agent, state__in=[ReplicaState.READY.value, *coming_up]))
+        replicas = list(Replica.objects.filter(agent=agent).in_states({ReplicaState.READY, *COMING_UP}))
         touched = _move_away(replicas, why)
         Agent.bump_generation(touched)
         request_pass()
@@ -208,11 +204,10 @@ def evict_model(model: Model, by: str = "") -> int:
     if not model.on_demand:
         raise ValueError(f"{model.name} is not an on-demand model: lower its min replicas instead")
     why = "evicted" + (f" by {by}" if by else "")
-    live = [ReplicaState.READY.value, ReplicaState.PLACING.value, ReplicaState.DOWNLOADING.value,
-            ReplicaState.STARTING.value]
     with transaction.atomic():
         ModelState.objects.filter(model=model).update(wanted_at=None)
-        touched = _move_away(list(Replica.objects.filter(model=model, state__in=live)), why)
+        touched = _move_away(list(Replica.objects.filter(model=model).in_states({ReplicaState.READY, *COMING_UP})),
+                             why)
         Agent.bump_generation(touched)
         request_pass()
     if touched:

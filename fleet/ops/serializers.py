@@ -3,13 +3,10 @@ cluster operations' answers (status, stop/start, explain, agent and model action
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.conf import settings
-from django.utils import timezone
 from rest_framework import serializers
 
 from fleet.models import Agent, Gpu, Replica
+from fleet.ops import cluster as read
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -32,8 +29,10 @@ class AgentSerializer(serializers.ModelSerializer):
         read_only_fields = [f for f in fields if f != "name"]
 
     def get_connected(self, obj: Agent) -> bool:
-        heard_since = timezone.now() - timedelta(seconds=settings.LLMGW_AGENT_LOST_AFTER_S)
-        return bool(obj.connected and obj.last_seen_at and obj.last_seen_at >= heard_since)
+        """The read model's *alive* (``fleet.ops.cluster``), one clock for a whole list."""
+        if not hasattr(self, "_moment"):
+            self._moment = read.moment()
+        return self._moment.agent_alive(obj)
 
 
 class AgentCreatedSerializer(AgentSerializer):

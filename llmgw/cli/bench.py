@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 
 from catalog.models import Benchmark, Model, Profile
 from fleet.models import ModelState, Replica
+from fleet.ops import cluster as read
 from gateway.loadtest import ramp
 from gateway.models import ApiKey
 from llmgw.cli.output import FAILED, OK, console, table, write_json
@@ -41,7 +42,7 @@ def run(options, stdout, stderr) -> int:
     if profile is None:
         stderr.write("choose a profile with --profile (the model has none: external models cannot be benchmarked)\n")
         return FAILED
-    ready = Replica.objects.filter(model=model, profile=profile, state="ready").count()
+    ready = Replica.objects.ready().filter(model=model, profile=profile, agent__in=read.moment().heard_agents()).count()
     if not ready:
         state = ModelState.objects.filter(model=model).first()
         why = state.reason if state and state.reason else "nothing placed yet"

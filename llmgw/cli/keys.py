@@ -30,7 +30,7 @@ def run(options, stdout, stderr) -> int:
         if options["expires_days"] is not None and options["expires_days"] <= 0:
             stderr.write("--expires-days must be positive\n")
             return USAGE
-        if any(k.state == "active" for k in ApiKey.objects.filter(name=name)):
+        if any(k.state == ApiKey.State.ACTIVE for k in ApiKey.objects.filter(name=name)):
             stderr.write(f"an active key named {name!r} exists; revoke it first or choose another name\n")
             return FAILED
         expires = timezone.now() + timedelta(days=options["expires_days"]) if options["expires_days"] else None

@@ -49,7 +49,7 @@ def run(options, stdout, stderr) -> int:
     deadline = time.monotonic() + options["timeout_s"]
     pending = set(names)
     while pending and time.monotonic() < deadline:
-        back = set(Agent.objects.filter(name__in=pending, connected=True, connected_since__gt=started)
+        back = set(Agent.objects.connected().filter(name__in=pending, connected_since__gt=started)
                    .values_list("name", flat=True))
         for name in sorted(back):
             stdout.write(f"  {name}: back\n")

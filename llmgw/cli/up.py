@@ -201,7 +201,7 @@ def ensure_demo_key() -> str:
     clear = path.read_text().strip() if path.exists() else ""
     if clear:
         key = ApiKey.objects.filter(prefix=tokens.token_prefix(clear)).first()
-        if key and tokens.token_matches(clear, key.sha256) and key.state == "active":
+        if key and tokens.token_matches(clear, key.sha256) and key.state == ApiKey.State.ACTIVE:
             return clear
     _, clear = ApiKey.create_key("demo")
     from llmgw.datadir import write_private
