@@ -85,10 +85,7 @@ class Agent(models.Model):
         """The agent holding ``token``, or None."""
         if not token:
             return None
-        for agent in cls.objects.filter(token_prefix=tokens.token_prefix(token)):
-            if agent.token_sha256 and tokens.token_matches(token, agent.token_sha256):
-                return agent
-        return None
+        return tokens.find_by_token(cls.objects.filter(token_prefix=tokens.token_prefix(token)), token, "token_sha256")
 
     @classmethod
     def bump_generation(cls, agent_ids) -> None:

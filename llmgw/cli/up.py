@@ -200,8 +200,8 @@ def ensure_demo_key() -> str:
     path = Path(settings.DATA_DIR) / "demo_api_key"
     clear = path.read_text().strip() if path.exists() else ""
     if clear:
-        key = ApiKey.objects.filter(prefix=tokens.token_prefix(clear)).first()
-        if key and tokens.token_matches(clear, key.sha256) and key.state == "active":
+        key = tokens.find_by_token(ApiKey.objects.filter(prefix=tokens.token_prefix(clear)), clear)
+        if key and key.state == "active":
             return clear
     _, clear = ApiKey.create_key("demo")
     from llmgw.datadir import write_private
