@@ -251,15 +251,14 @@ def manage_cmd(command: str) -> str:
 
 
 def port_free(host: str, port: int) -> bool:
-    import socket
+    """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
+    IPv6 too); a host that is not this machine's counts as taken, as before."""
+    from fleet.protocol import port_free as bindable
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    try:
+        return bindable(host, port)
+    except OSError:
+        return False
 
 
 def say(stream, text: str) -> None:
