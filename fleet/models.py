@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from catalog.models import Model, Profile
 from llmgw import tokens
+from llmgw.process_name import this_process
 from fleet import groups
 from fleet.states import ASSIGNED_TO_AGENT, HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, check_transition
 
@@ -143,10 +144,7 @@ class Agent(models.Model):
         """The agent holding ``token``, or None."""
         if not token:
             return None
-        for agent in cls.objects.filter(token_prefix=tokens.token_prefix(token)):
-            if agent.token_sha256 and tokens.token_matches(token, agent.token_sha256):
-                return agent
-        return None
+        return tokens.find_by_token(cls.objects.filter(token_prefix=tokens.token_prefix(token)), token, "token_sha256")
 
     @classmethod
     def bump_generation(cls, agent_ids) -> None:
@@ -414,13 +412,11 @@ class ControlPlane(models.Model):
     @classmethod
     def heartbeat(cls, role: str) -> None:
         """Register or refresh this process (called every few seconds by web and worker)."""
-        import os
-        import socket
-
         now = timezone.now()
-        updated = cls.objects.filter(host=socket.gethostname(), role=role, pid=os.getpid()).update(last_seen_at=now)
+        host, pid = this_process()
+        updated = cls.objects.filter(host=host, role=role, pid=pid).update(last_seen_at=now)
         if not updated:
-            cls.objects.get_or_create(host=socket.gethostname(), role=role, pid=os.getpid(),
+            cls.objects.get_or_create(host=host, role=role, pid=pid,
                                       defaults={"started_at": now, "last_seen_at": now})
 
 

@@ -6,6 +6,7 @@ Both ends import this module; it imports nothing from Django.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
 import socket
@@ -153,6 +154,30 @@ def _numeric_ipv4(name: str) -> bool:
         socket.inet_aton(name)
     except (OSError, ValueError):
         return False
+    return True
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a TCP listener could bind ``host:port`` on this machine right now. ``host``
+    is an IPv4 or IPv6 address (an IPv6 one unbracketed, a zone such as ``%eth0`` allowed)
+    or a host name, read as IPv4; ``SO_REUSEADDR`` as servers set it, so a port left in
+    TIME_WAIT counts as free. False when it is taken or cannot be bound; raises OSError
+    (``errno.EADDRNOTAVAIL``) when ``host`` is not an address of this machine, which no
+    other port would cure. Shared by the agent (the ports of its engines) and ``llmgw up``
+    (its own port)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        ip = None
+    family = socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise
+            return False
     return True
 
 

@@ -43,39 +43,34 @@ async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
     """The caller, or a 401 in OpenAI's shape (missing, unknown, revoked or expired key)."""
     if not settings.LLMGW_GATEWAY_AUTH:
         return ANONYMOUS
-    header = request.headers.get("Authorization", "")
-    if not header[:7].lower() == "bearer " or not header[7:].strip():
+    token = tokens.token_from_authorization(request.headers.get("Authorization"))
+    if token is None:
         return _unauthorized("Missing API key: send 'Authorization: Bearer YOUR_KEY' (create one with `llmgw keys create`).")
-    token = header[7:].strip()
     prefix = tokens.token_prefix(token)
-    cached = cache.keys_with_prefix(prefix)
-    if cached:
-        for entry in cached:
-            if not tokens.token_matches(token, entry.sha256):
-                continue
-            if entry.revoked:
-                return _unauthorized(f"The API key {entry.prefix}… was revoked.")
-            if cache.expired(entry):
-                return _unauthorized(
-                    f"The API key {entry.prefix}… expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC.")
-            return Caller(entry.id, entry.name, entry.allowed_model_ids)
+    entry = tokens.find_by_token(cache.keys_with_prefix(prefix) or (), token)
+    if entry is not None:
+        if entry.revoked:
+            return _unauthorized(f"The API key {entry.prefix}… was revoked.")
+        if cache.expired(entry):
+            return _unauthorized(
+                f"The API key {entry.prefix}… expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC.")
+        return Caller(entry.id, entry.name, entry.allowed_model_ids)
     return await _authenticate_from_database(token, prefix)
 
 
 async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpResponse:
-    async for key in ApiKey.objects.filter(prefix=prefix).only(
-        "id", "name", "prefix", "sha256", "expires_at", "revoked_at"
-    ):
-        if not tokens.token_matches(token, key.sha256):
-            continue
-        if key.revoked_at is not None:
-            return _unauthorized(f"The API key {key.prefix}… was revoked.")
-        if key.expires_at is not None and key.expires_at <= timezone.now():
-            return _unauthorized(f"The API key {key.prefix}… expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
-        allowed = [m async for m in ApiKey.allowed_models.through.objects.filter(apikey_id=key.id).values_list(
-            "model_id", flat=True)]
-        return Caller(key.id, key.name, frozenset(allowed) if allowed else None)
-    return _unauthorized("Incorrect API key provided.")
+    rows = [key async for key in ApiKey.objects.filter(prefix=prefix).only(
+        "id", "name", "prefix", "sha256", "expires_at", "revoked_at")]
+    key = tokens.find_by_token(rows, token)
+    if key is None:
+        return _unauthorized("Incorrect API key provided.")
+    if key.revoked_at is not None:
+        return _unauthorized(f"The API key {key.prefix}… was revoked.")
+    if key.expires_at is not None and key.expires_at <= timezone.now():
+        return _unauthorized(f"The API key {key.prefix}… expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
+    allowed = [m async for m in ApiKey.allowed_models.through.objects.filter(apikey_id=key.id).values_list(
+        "model_id", flat=True)]
+    return Caller(key.id, key.name, frozenset(allowed) if allowed else None)
 
 
 def forbidden(model_name: str) -> HttpResponse:

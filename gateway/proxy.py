@@ -38,6 +38,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
+from llmgw import integers
 from catalog.models import Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
@@ -109,10 +110,6 @@ async def _read_bounded(upstream: aiohttp.ClientResponse) -> bytes:
     return b"".join(chunks)
 
 
-def _token_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-
-
 class Exchange:
     """One request's bookkeeping: caller, model, timings, tokens; recorded once at the end."""
 
@@ -136,10 +133,10 @@ class Exchange:
         engine's or provider's "abc", -1, 1e30) are ignored, never stored."""
         if isinstance(data, dict) and isinstance(data.get("usage"), dict):
             usage_ = data["usage"]
-            if _token_count(usage_.get("prompt_tokens")):
-                self.prompt_tokens = usage_["prompt_tokens"]
-            if _token_count(usage_.get("completion_tokens")):
-                self.completion_tokens = usage_["completion_tokens"]
+            if (prompt := integers.count_or_none(usage_.get("prompt_tokens"))) is not None:
+                self.prompt_tokens = prompt
+            if (completion := integers.count_or_none(usage_.get("completion_tokens"))) is not None:
+                self.completion_tokens = completion
 
     def finish(self, status: int) -> None:
         if self.recorded:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from numbers import Real
 
+from llmgw import integers
+
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
                float: "a number", type(None): "null"}
 
@@ -23,7 +25,7 @@ def is_integer(value) -> bool:
     """An integer, or a float with an integral value (16.0: engines accept it); not a bool."""
     if isinstance(value, float):
         return value.is_integer()
-    return isinstance(value, int) and not isinstance(value, bool)
+    return integers.is_int(value)
 
 
 def _is_number(value) -> bool:

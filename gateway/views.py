@@ -56,12 +56,13 @@ async def prometheus(request: HttpRequest) -> HttpResponse:
     from django.conf import settings
     from prometheus_client import CONTENT_TYPE_LATEST
 
+    from llmgw import tokens
     from llmgw.metrics import render
 
     expected = settings.LLMGW_METRICS_TOKEN
     if expected:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        given = tokens.token_from_authorization(request.headers.get("Authorization"))
+        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
             response = HttpResponse("Unauthorized: /metrics needs Authorization: Bearer <LLMGW_METRICS_TOKEN>\n",
                                     status=401, content_type="text/plain")
             response["WWW-Authenticate"] = "Bearer"

@@ -8,6 +8,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Collection, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PREFIX_LEN = 12
 
@@ -38,9 +42,42 @@ def token_prefix(token: str) -> str:
 
 
 def token_hash(token: str) -> str:
+    """The SHA-256 of ``token`` as 64 hex digits: what is stored instead of the token."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
 def token_matches(token: str, stored_hash: str) -> bool:
     """Constant-time comparison of a presented token with a stored SHA-256."""
     return hmac.compare_digest(token_hash(token), stored_hash)
+
+
+def token_from_authorization(header: str | None, schemes: Collection[str] = ("bearer",)) -> str | None:
+    """The token of an ``Authorization`` header value ``SCHEME TOKEN``, or None.
+
+    ``header`` is the raw value (ASGI callers decode theirs, latin-1); ``schemes`` the
+    accepted schemes, compared case-insensitively (the REST API takes ``("token",
+    "bearer")``, everything else only Bearer). The scheme ends at the first space; the
+    token is what follows, without surrounding white space. None for no header, another
+    scheme, a scheme with no space after it, or an empty token. Raises nothing."""
+    scheme, space, token = (header or "").partition(" ")
+    token = token.strip()
+    if not space or not token or scheme.lower() not in {s.lower() for s in schemes}:
+        return None
+    return token
+
+
+def find_by_token(candidates: Iterable[T], token: str, hash_attr: str = "sha256") -> T | None:
+    """The first of ``candidates`` whose stored SHA-256 (the attribute ``hash_attr``)
+    matches ``token``, compared in constant time; None for none, or for an empty token.
+
+    ``candidates`` are the rows (or cached entries) found by the token's visible prefix —
+    ``filter(prefix=token_prefix(token))`` — the first step of every lookup (DESIGN,
+    Decisions: "Keys and tokens"); a candidate with no stored hash never matches.
+    Revocation, expiry and the like are the caller's to check on what is returned."""
+    if not token:
+        return None
+    for candidate in candidates:
+        stored = getattr(candidate, hash_attr)
+        if stored and token_matches(token, stored):
+            return candidate
+    return None

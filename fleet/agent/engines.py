@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import ipaddress
 import json
 import logging
@@ -36,7 +35,7 @@ import httpx
 from fleet.agent.cache import WeightsCache
 from fleet.agent.metrics import read_load
 from fleet.agent.weights import WeightsError, fetch_weights
-from fleet.protocol import AssignedReplica, ReplicaReport
+from fleet.protocol import AssignedReplica, ReplicaReport, port_free
 from fleet.states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -190,21 +189,13 @@ def probe_host(host: str) -> str:
 
 
 def _port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be bound on ``host`` (IPv4 or IPv6) right now."""
+    """Whether ``port`` can be bound on ``host`` (IPv4 or IPv6) right now
+    (:func:`fleet.protocol.port_free`); a host that is not this machine's fails the engine."""
     try:
-        family = socket.AF_INET6 if ipaddress.ip_address(host.split("%", 1)[0]).version == 6 else socket.AF_INET
-    except ValueError:
-        family = socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise _EngineFailed(f"cannot listen on {host}: not an address of this machine "
-                                    "(set the agent's --bind-host, or --advertise-address)") from exc
-            return False
-    return True
+        return port_free(host, port)
+    except OSError as exc:
+        raise _EngineFailed(f"cannot listen on {host}: not an address of this machine "
+                            "(set the agent's --bind-host, or --advertise-address)") from exc
 
 
 @dataclass

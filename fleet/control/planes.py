@@ -8,19 +8,18 @@ rules": an agent is not blamed for a silence nobody could hear).
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from llmgw.process_name import process_name
 from fleet.models import ControlPlane
 
 
 def holder_id() -> str:
-    """This process's name on the pass lock. Computed per call: django-q2 forks its workers
-    after import, so a module-level value would give every worker the parent's pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name on the pass lock (``llmgw.process_name``: ``host:pid``, read per
+    call, since django-q2 forks its workers after import)."""
+    return process_name()
 
 
 def listening_since(now: datetime) -> datetime | None:

@@ -9,6 +9,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
+from llmgw import integers
 from fleet import protocol
 from fleet.models import Agent, Gpu, Replica
 from fleet.control.reconciler import request_pass
@@ -47,16 +48,11 @@ def mark_disconnected(agent_id: int, session: str) -> None:
     request_pass()
 
 
-def _count(value, maximum: int = 2**31 - 1) -> int | None:
+def _count(value, maximum: int = integers.INT32_MAX) -> int | None:
     """A non-negative integer from an agent's message, or None for anything else (a bad
-    field is skipped, never allowed to fail the whole report)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number if 0 <= number <= maximum else None
+    field is skipped, never allowed to fail the whole report): ``integers.count_or_none``,
+    lenient (load gauges arrive as floats)."""
+    return integers.count_or_none(value, maximum, strict=False)
 
 
 def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:

@@ -23,6 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
+from llmgw import tokens
 from fleet import protocol
 from fleet.groups import agent_group
 from fleet.control import reports
@@ -42,9 +43,9 @@ def _token_from_scope(scope) -> str:
     query string (``?token=``) is ignored, since URLs are written to access logs."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
-            text = value.decode("latin-1")
-            if text.lower().startswith("bearer "):
-                return text[7:].strip()
+            token = tokens.token_from_authorization(value.decode("latin-1"))
+            if token is not None:
+                return token
     return ""
 
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import threading
 import time
 from collections import defaultdict
@@ -36,11 +34,14 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from llmgw.process_name import process_name, this_process
+
 log = logging.getLogger(__name__)
 
 def process_id() -> str:
-    """This web process's name in usage reports (per call: processes may fork after import)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This web process's name in usage reports (``llmgw.process_name``: ``host:pid``, per
+    call: processes may fork after import)."""
+    return process_name()
 
 
 @dataclass(frozen=True)
@@ -361,8 +362,9 @@ def register_web_process() -> None:
     from fleet.control.planes import control_plane_stall_s
 
     now = timezone.now()
+    host, pid = this_process()
     ControlPlane.objects.filter(
-        host=socket.gethostname(), role=ControlPlane.Role.WEB, pid=os.getpid(),
+        host=host, role=ControlPlane.Role.WEB, pid=pid,
         last_seen_at__lt=now - timedelta(seconds=control_plane_stall_s()),
     ).update(started_at=now)
     ControlPlane.heartbeat(ControlPlane.Role.WEB)

@@ -32,25 +32,22 @@ class HashedTokenAuthentication(BaseAuthentication):
     recorded in ``last_used_at`` (at most once a minute per token)."""
 
     def authenticate(self, request):
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() not in ("token", "bearer") or not token.strip():
-            return None
-        token = token.strip()
-        if not token.startswith("llmgw-api-"):
+        token = tokens.token_from_authorization(request.META.get("HTTP_AUTHORIZATION"), schemes=("token", "bearer"))
+        if token is None or not token.startswith("llmgw-api-"):
             return None  # not ours (e.g. basic auth or another scheme)
-        for row in ApiToken.objects.select_related("user").filter(prefix=tokens.token_prefix(token)):
-            if tokens.token_matches(token, row.sha256):
-                if not row.user.is_active:
-                    raise exceptions.AuthenticationFailed("User inactive or deleted.")
-                now = timezone.now()
-                if row.expired(now):
-                    raise exceptions.AuthenticationFailed(
-                        f"Token expired at {row.expires_at:%Y-%m-%d %H:%M:%S} UTC: get a new one from "
-                        "POST /api/auth/token/.")
-                row.touch(now)
-                return row.user, row
-        raise exceptions.AuthenticationFailed("Invalid token.")
+        row = tokens.find_by_token(ApiToken.objects.select_related("user").filter(prefix=tokens.token_prefix(token)),
+                                   token)
+        if row is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if not row.user.is_active:
+            raise exceptions.AuthenticationFailed("User inactive or deleted.")
+        now = timezone.now()
+        if row.expired(now):
+            raise exceptions.AuthenticationFailed(
+                f"Token expired at {row.expires_at:%Y-%m-%d %H:%M:%S} UTC: get a new one from "
+                "POST /api/auth/token/.")
+        row.touch(now)
+        return row.user, row
 
     def authenticate_header(self, request) -> str:
         return "Token"

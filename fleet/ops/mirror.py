@@ -37,6 +37,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from catalog.weights import parse_weights_source
+from llmgw import tokens
 
 log = logging.getLogger(__name__)
 
@@ -298,18 +299,13 @@ def _error(status: int, message: str, code: str) -> JsonResponse:
     return JsonResponse({"error": {"message": message, "type": "mirror_error", "code": code}}, status=status)
 
 
-def _bearer(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
-    return header[7:].strip() if header[:7].lower() == "bearer " else ""
-
-
 @require_GET
 def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     """``GET /mirror/NAME/`` the manifest; ``GET /mirror/NAME/PATH`` a file (with Range).
     Agents only: ``Authorization: Bearer <agent token>``, else 401."""
     from fleet.models import Agent
 
-    agent = Agent.authenticate(_bearer(request))
+    agent = Agent.authenticate(tokens.token_from_authorization(request.headers.get("Authorization")) or "")
     if agent is None:
         response = _error(401, "an agent token is required (Authorization: Bearer TOKEN)", "invalid_agent_token")
         response["WWW-Authenticate"] = 'Bearer realm="llmgw mirror"'

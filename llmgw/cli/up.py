@@ -200,8 +200,8 @@ def ensure_demo_key() -> str:
     path = Path(settings.DATA_DIR) / "demo_api_key"
     clear = path.read_text().strip() if path.exists() else ""
     if clear:
-        key = ApiKey.objects.filter(prefix=tokens.token_prefix(clear)).first()
-        if key and tokens.token_matches(clear, key.sha256) and key.state == ApiKey.State.ACTIVE:
+        key = tokens.find_by_token(ApiKey.objects.filter(prefix=tokens.token_prefix(clear)), clear)
+        if key and key.state == ApiKey.State.ACTIVE:
             return clear
     _, clear = ApiKey.create_key("demo")
     from llmgw.datadir import write_private
@@ -251,15 +251,14 @@ def manage_cmd(command: str) -> str:
 
 
 def port_free(host: str, port: int) -> bool:
-    import socket
+    """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
+    IPv6 too); a host that is not this machine's counts as taken, as before."""
+    from fleet.protocol import port_free as bindable
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    try:
+        return bindable(host, port)
+    except OSError:
+        return False
 
 
 def say(stream, text: str) -> None:
