@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete
@@ -319,9 +322,6 @@ class ControlPlane(models.Model):
     @classmethod
     def heartbeat(cls, role: str) -> None:
         """Register or refresh this process (called every few seconds by web and worker)."""
-        import os
-        import socket
-
         now = timezone.now()
         updated = cls.objects.filter(host=socket.gethostname(), role=role, pid=os.getpid()).update(last_seen_at=now)
         if not updated:
@@ -381,8 +381,6 @@ class ApiToken(models.Model):
     def expires_at(self) -> datetime | None:
         """When the token stops working (``created_at`` + ``LLMGW_API_TOKEN_TTL``), or None
         when tokens do not expire (TTL 0)."""
-        from django.conf import settings
-
         ttl_s = float(getattr(settings, "LLMGW_API_TOKEN_TTL_S", 0) or 0)
         if ttl_s <= 0 or self.created_at is None:
             return None

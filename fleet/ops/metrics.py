@@ -3,8 +3,10 @@ database at scrape time (registered on ``llmgw.metrics.REGISTRY`` by ``FleetConf
 
 from __future__ import annotations
 
+from django.db.models import Count
 from prometheus_client.core import GaugeMetricFamily
 
+from fleet.models import Agent, Replica
 from llmgw.metrics import REGISTRY
 
 
@@ -18,10 +20,6 @@ class FleetCollector:
         yield GaugeMetricFamily("llmgw_agents_connected", "Agents with an open websocket.")
 
     def collect(self):
-        from django.db.models import Count
-
-        from fleet.models import Agent, Replica
-
         replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by state.", labels=["state"])
         counts = dict(Replica.objects.exclude(state="stopped").values_list("state").annotate(n=Count("id")))
         for state in ("placing", "downloading", "starting", "ready", "draining", "stopping", "failed", "lost"):

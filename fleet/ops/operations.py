@@ -11,11 +11,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
+from fleet.control.demand import want
 from fleet.control.reconciler import request_pass
 from fleet.groups import nudge_agents, restart_agents
 from fleet.states import HOLDS_RESOURCES, ReplicaState
@@ -152,8 +153,6 @@ def cluster_status() -> dict:
 
 
 def _count_by_model(state: str):
-    from django.db.models import Count
-
     return Replica.objects.filter(state=state).values_list("model_id").annotate(n=Count("id"))
 
 
@@ -223,8 +222,6 @@ def evict_model(model: Model, by: str = "") -> int:
 def want_model(model: Model) -> None:
     """Ask for an on-demand model now, as a request for it would. ValueError for a model
     that is not on demand or is served elsewhere."""
-    from fleet.control.demand import want
-
     if model.is_external or not model.on_demand:
         raise ValueError(f"{model.name} is not an on-demand model served here")
     want(model.pk)
