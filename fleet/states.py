@@ -57,8 +57,6 @@ COUNTS_TOWARDS_DESIRED = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READ
 COMING_UP = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING})
 #: States the agent should be running (sent in ``assign``).
 ASSIGNED_TO_AGENT = frozenset({S.PLACING, S.DOWNLOADING, S.STARTING, S.READY, S.DRAINING})
-#: Nothing more happens to these.
-TERMINAL = frozenset({S.STOPPED})
 
 
 class InvalidTransition(ValueError):
