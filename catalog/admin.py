@@ -8,6 +8,9 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Max
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils import timezone
 
 from catalog import engine_code, schedules
@@ -272,8 +275,6 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
     start_cluster = None
 
     def get_urls(self):
-        from django.urls import path
-
         return [
             path("stop/", self.admin_site.admin_view(self.stop_view), name="cluster-stop"),
             path("start/", self.admin_site.admin_view(self.start_view), name="cluster-start"),
@@ -285,9 +286,6 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _confirm(self, request, act, title, explanation, button, action, danger):
-        from django.http import HttpResponseRedirect
-        from django.template.response import TemplateResponse
-
         back = "../1/change/"
         if not can(request.user, act):
             raise PermissionDenied

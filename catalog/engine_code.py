@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.utils import timezone
 
 from catalog.models import Model, Profile
@@ -98,8 +100,6 @@ def _fingerprint(value: str) -> str:
     """A secret as the record shows it: keyed with ``SECRET_KEY`` (HMAC-SHA256), so equal
     values show equal and a change shows, but a short secret cannot be found again by
     hashing guesses (or looking a plain SHA-256 up) from the log alone."""
-    from django.conf import settings
-
     digest = hmac.new(settings.SECRET_KEY.encode(), value.encode(), hashlib.sha256).hexdigest()
     return "hmac-sha256:" + digest[:12]
 
@@ -152,8 +152,6 @@ def record(user, obj: Any, found: list[Change], via: str) -> str | None:
     nothing changed)."""
     if not found:
         return None
-    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
-
     message = describe(user, obj, found, via)
     creating = all(c.before is None for c in found)
     LogEntry.objects.log_actions(user.pk, [obj], ADDITION if creating else CHANGE, change_message=message,

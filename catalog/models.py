@@ -99,10 +99,6 @@ class Profile(models.Model):
         return self.name
 
     @property
-    def cpu_only(self) -> bool:
-        return self.gpus_needed == 0
-
-    @property
     def protects_engine(self) -> bool:
         """Whether its engines are started with the replica's engine key (``{api_key}`` in
         the command or env), so that only the gateway can use them (issue 12). A custom
@@ -390,11 +386,6 @@ class ClusterSettings(models.Model):
     @classmethod
     def get_solo(cls) -> "ClusterSettings":
         obj, _ = cls.objects.get_or_create(pk=1)
-        return obj
-
-    @classmethod
-    async def aget_solo(cls) -> "ClusterSettings":
-        obj, _ = await cls.objects.aget_or_create(pk=1)
         return obj
 
 

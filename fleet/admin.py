@@ -6,11 +6,14 @@ REST API ask for. The admin's login page counts failed logins with the REST API'
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.urls import reverse
 
-from catalog.admin import SecretFieldsAdminMixin
-from llmgw import auth_throttle
+from catalog.admin import ClusterSettingsAdmin, SecretFieldsAdminMixin
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica, ScalingEvent
+from fleet.ops.operations import drain_agent, set_cordoned, start_cluster, stop_cluster
+from llmgw import auth_throttle
 from llmgw.permissions import Act, can
+from llmgw.shown_once import shown_once_response
 
 
 class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
@@ -67,10 +70,6 @@ class AgentAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
         return self._show_tokens(request, f"Agent {obj.name} added", [(obj.name, clear)])
 
     def _show_tokens(self, request, title: str, tokens: list[tuple[str, str]]):
-        from django.urls import reverse
-
-        from llmgw.shown_once import shown_once_response
-
         return shown_once_response(
             request, self.admin_site, title=title, explanation="Each agent's new token is below.",
             secrets=tokens, back=reverse("admin:fleet_agent_changelist"),
@@ -105,22 +104,16 @@ class AgentAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Cordon (place nothing new)", permissions=["cordon"])
     def cordon(self, request, queryset):
-        from fleet.ops.operations import set_cordoned
-
         n = sum(set_cordoned(agent, True) for agent in queryset)
         self.message_user(request, f"{n} agent(s) cordoned.")
 
     @admin.action(description="Uncordon", permissions=["cordon"])
     def uncordon(self, request, queryset):
-        from fleet.ops.operations import set_cordoned
-
         n = sum(set_cordoned(agent, False) for agent in queryset)
         self.message_user(request, f"{n} agent(s) uncordoned.")
 
     @admin.action(description="Drain (cordon and move replicas to other agents)", permissions=["drain"])
     def drain(self, request, queryset):
-        from fleet.ops.operations import drain_agent
-
         moved = sum(drain_agent(agent, request.user.get_username()) for agent in queryset)
         self.message_user(request, f"{queryset.count()} agent(s) drained: {moved} replica(s) moving away.")
 
@@ -194,9 +187,6 @@ class ApiTokenAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 
 # The cluster-settings admin (catalog) stops and starts through fleet's operations.
 def _wire_cluster_admin() -> None:
-    from catalog.admin import ClusterSettingsAdmin
-    from fleet.ops.operations import start_cluster, stop_cluster
-
     ClusterSettingsAdmin.stop_cluster = staticmethod(stop_cluster)
     ClusterSettingsAdmin.start_cluster = staticmethod(start_cluster)
 

@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.contrib.auth import get_user_model
+from django.db.models.signals import post_migrate, post_save
 
 
 class FleetConfig(AppConfig):
@@ -6,9 +8,8 @@ class FleetConfig(AppConfig):
     verbose_name = "Fleet"
 
     def ready(self) -> None:
-        from django.contrib.auth import get_user_model
-        from django.db.models.signals import post_migrate, post_save
-
+        # lazy: Django imports apps.py while the app registry loads; models (which these
+        # import) only load once it is ready.
         from fleet.ops import metrics
         from fleet.tasks import register_schedules
 
@@ -26,6 +27,6 @@ def revoke_tokens_on_password_change(sender, instance, created, **kwargs) -> Non
     password on the user until it is saved (``_password``); Django's own rehash of an
     unchanged password at login clears it first, so that keeps the tokens."""
     if not created and getattr(instance, "_password", None) is not None:
-        from fleet.models import ApiToken
+        from fleet.models import ApiToken  # lazy: apps.py loads before the models can
 
         ApiToken.objects.filter(user=instance).delete()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete
@@ -14,7 +15,7 @@ from catalog.models import Model, Profile
 from llmgw import tokens
 from llmgw.process_name import this_process
 from fleet import groups
-from fleet.states import ASSIGNED_TO_AGENT, HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, check_transition
+from fleet.states import HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, check_transition
 
 
 def engine_url(address: str, port: int | None) -> str:
@@ -190,10 +191,6 @@ class ReplicaQuerySet(models.QuerySet):
     def in_states(self, states) -> "ReplicaQuerySet":
         """Replicas whose stored state is one of ``states`` (ReplicaState members)."""
         return self.filter(state__in=[ReplicaState(s).value for s in states])
-
-    def assigned_to_agent(self) -> "ReplicaQuerySet":
-        """What the agent should be running (sent in ``assign``)."""
-        return self.in_states(ASSIGNED_TO_AGENT)
 
     def holding_resources(self) -> "ReplicaQuerySet":
         """Replicas whose GPUs, cores and memory count as taken (placing … stopping)."""
@@ -472,8 +469,6 @@ class ApiToken(models.Model):
     def expires_at(self) -> datetime | None:
         """When the token stops working (``created_at`` + ``LLMGW_API_TOKEN_TTL``), or None
         when tokens do not expire (TTL 0)."""
-        from django.conf import settings
-
         ttl_s = float(getattr(settings, "LLMGW_API_TOKEN_TTL_S", 0) or 0)
         if ttl_s <= 0 or self.created_at is None:
             return None

@@ -8,9 +8,13 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connections
+from django.db.models import Q
 from django.utils import timezone
+from django_q.models import Schedule
+from django_q.tasks import async_task
 
-from fleet.models import PassLock
+from fleet.models import ControlPlane, PassLock, UsageReport
 from fleet.control.reconciler import reconcile
 
 log = logging.getLogger(__name__)
@@ -29,9 +33,6 @@ def reconcile_now() -> int:
 def tick() -> None:
     """A pass, then re-enqueue after the interval. A second chain (the watchdog restarted
     one that was only slow) notices the fresh ``last_tick_at`` and ends itself."""
-    from django.db.models import Q
-    from django_q.tasks import async_task
-
     interval = settings.LLMGW_RECONCILE_INTERVAL_S
     now = timezone.now()
     PassLock.ensure()
@@ -41,8 +42,6 @@ def tick() -> None:
     if not mine:
         return
     try:
-        from fleet.models import ControlPlane
-
         ControlPlane.heartbeat("worker")
         reconcile()
     finally:
@@ -54,8 +53,6 @@ def tick() -> None:
 def forget_old_reports() -> int:
     """Drop usage reports of web processes gone for an hour and control planes silent for a
     day (every restart registers under a new pid). Returns the rows deleted."""
-    from fleet.models import ControlPlane, UsageReport
-
     now = timezone.now()
     gone, _ = UsageReport.objects.filter(reported_at__lt=now - timedelta(hours=1)).delete()
     silent, _ = ControlPlane.objects.filter(last_seen_at__lt=now - timedelta(days=1)).delete()
@@ -64,8 +61,6 @@ def forget_old_reports() -> int:
 
 def watchdog() -> None:
     """Start the tick chain if it has not ticked for three intervals (and tidy up)."""
-    from django_q.tasks import async_task
-
     forget_old_reports()
     PassLock.ensure()
     last = PassLock.objects.values_list("last_tick_at", flat=True).get(pk=1)
@@ -78,16 +73,11 @@ def watchdog() -> None:
 def schedules_table_ready(using: str = "default") -> bool:
     """Whether django-q's schedule table exists: ``migrate fleet`` alone on a new database
     (or ``migrate django_q zero``) sends fleet's post_migrate without it."""
-    from django.db import connections
-    from django_q.models import Schedule
-
     return Schedule._meta.db_table in connections[using].introspection.table_names()
 
 
 def register_schedules(using: str = "default", **kwargs) -> None:
     """Create or update the watchdog schedule (connected to post_migrate)."""
-    from django_q.models import Schedule
-
     if not schedules_table_ready(using):
         return
     Schedule.objects.using(using).update_or_create(

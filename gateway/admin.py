@@ -3,12 +3,15 @@ from datetime import timedelta
 from django import forms
 from django.contrib import admin
 from django.db.models import Count, Sum
+from django.urls import reverse
 from django.utils import timezone
 
 from catalog.admin import SecretFieldsAdminMixin
 from gateway.api import expiry_denial
 from gateway.models import ApiKey, UsageRecord
+from llmgw import tokens
 from llmgw.permissions import Act, can
+from llmgw.shown_once import shown_once_response
 
 
 @admin.register(ApiKey)
@@ -54,8 +57,6 @@ class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:
-            from llmgw import tokens
-
             clear = tokens.new_token("key")
             obj.prefix, obj.sha256 = tokens.token_prefix(clear), tokens.token_hash(clear)
             super().save_model(request, obj, form, change)
@@ -67,10 +68,6 @@ class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
         clear = getattr(obj, "_clear_key", "")
         if not clear:
             return super().response_add(request, obj, post_url_continue)
-        from django.urls import reverse
-
-        from llmgw.shown_once import shown_once_response
-
         return shown_once_response(
             request, self.admin_site, title=f"API key {obj.name} created",
             explanation=f"The key for {obj.name} is below.", secrets=[(obj.name, clear)],

@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from catalog.models import Model
 from fleet import live
+from gateway.models import ApiKey
 
 _KEYS = "gateway.keys"
 _MODELS = "gateway.models"
@@ -52,9 +54,6 @@ class CachedModel:
 
 def load() -> dict[str, Any]:
     """Every key and every model name/alias (blocking; three queries)."""
-    from catalog.models import Model
-    from gateway.models import ApiKey
-
     allowed: dict[int, set[int]] = {}
     for key_id, model_id in ApiKey.allowed_models.through.objects.values_list("apikey_id", "model_id"):
         allowed.setdefault(key_id, set()).add(model_id)

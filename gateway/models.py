@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from catalog.models import Model
 from llmgw import tokens
+from llmgw.permissions import Act
 
 
 class ApiKey(models.Model):
@@ -46,8 +47,6 @@ class ApiKey(models.Model):
                    expires_at: datetime | None = None) -> tuple["ApiKey", str]:
         """Create a key; returns it and the clear key (shown once, never stored).
         Raises Model.DoesNotExist naming a model that is not in the catalog."""
-        from django.db import transaction
-
         clear = tokens.new_token("key")
         models_ = []
         for model_name in model_names or []:
@@ -68,8 +67,6 @@ class ApiKey(models.Model):
         key (``llmgw.permissions.Act``), or None: moving the expiry earlier (an active key
         stops working then, or at once) is revoking it; making an expired key work again is
         issuing one."""
-        from llmgw.permissions import Act
-
         now = now or timezone.now()
         old = self.expires_at
         if old is not None and old <= now:

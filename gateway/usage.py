@@ -14,9 +14,9 @@ import threading
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
 
-from gateway.models import UsageRecord
+from gateway.models import ApiKey, UsageRecord
 
 #: Records kept in memory while the database is unreachable (about 300 bytes each).
 MAX_BUFFERED_ROWS = 200_000
@@ -64,8 +64,6 @@ class UsageBuffer:
         """Write buffered records now; returns how many. If the database is unreachable
         they go back (up to ``MAX_BUFFERED_ROWS``, oldest dropped first); a row the
         database refuses for its values is dropped with a warning — never the batch."""
-        from django.db import close_old_connections
-
         rows = self.take()
         if not rows:
             return 0
@@ -75,8 +73,6 @@ class UsageBuffer:
                 UsageRecord.objects.bulk_create([UsageRecord(**row) for row in rows], batch_size=500)
         except IntegrityError:
             # A key deleted since the request: keep the record, without the key.
-            from gateway.models import ApiKey
-
             live = set(ApiKey.objects.filter(pk__in={r["key_id"] for r in rows if r.get("key_id")})
                        .values_list("pk", flat=True))
             for row in rows:

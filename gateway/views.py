@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hmac
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import endpoints, proxy
 from gateway.errors import openai_error
+from llmgw import tokens
+from llmgw.metrics import render
 
 
 @csrf_exempt
@@ -50,15 +57,6 @@ async def not_found(request: HttpRequest, exception=None) -> HttpResponse:
 async def prometheus(request: HttpRequest) -> HttpResponse:
     """/metrics in Prometheus' text format; behind ``LLMGW_METRICS_TOKEN`` when it is set
     (401 without it)."""
-    import hmac
-
-    from asgiref.sync import sync_to_async
-    from django.conf import settings
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    from llmgw import tokens
-    from llmgw.metrics import render
-
     expected = settings.LLMGW_METRICS_TOKEN
     if expected:
         given = tokens.token_from_authorization(request.headers.get("Authorization"))

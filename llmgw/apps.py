@@ -1,4 +1,8 @@
+import logging
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import post_migrate
 
 
 class LlmgwConfig(AppConfig):
@@ -6,15 +10,12 @@ class LlmgwConfig(AppConfig):
     verbose_name = "llmgw"
 
     def ready(self) -> None:
-        import logging
-
-        from django.conf import settings
-        from django.db.models.signals import post_migrate
-
         for note in getattr(settings, "DATA_DIR_TIGHTENED", []):
             logging.getLogger("llmgw.datadir").warning(
                 "data directory was readable by others; tightened %s", note)
 
+        # lazy: Django imports apps.py while the app registry loads; the checks and the
+        # retention task import models, which load only once it is ready.
         from llmgw import checks  # noqa: F401  (registers the system checks)
         from llmgw.retention import register_schedule
 

@@ -24,13 +24,18 @@ django_asgi = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from asgiref.sync import sync_to_async  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.db import InterfaceError, OperationalError  # noqa: E402
 from django.core.exceptions import DisallowedHost  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http import HttpResponseBadRequest  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from fleet import live  # noqa: E402
 from fleet.live.consumer import AgentConsumer  # noqa: E402
+from gateway.errors import openai_error  # noqa: E402
+from gateway.usage import usage_records  # noqa: E402
 from llmgw.limits import BodyLimits  # noqa: E402
 from llmgw.logfilters import install_access_log_redaction  # noqa: E402
 from llmgw.middleware import DatabaseUnavailableMiddleware  # noqa: E402
@@ -44,12 +49,8 @@ def _gateway_internal_error(request, exception):
     ``DatabaseUnavailableMiddleware`` (503 with Retry-After)."""
     if not request.path.startswith("/v1/"):
         return None
-    from django.db import InterfaceError, OperationalError
-
     if isinstance(exception, (OperationalError, InterfaceError)):
         return None
-    from gateway.errors import openai_error
-
     logging.getLogger("gateway.proxy").error("internal error serving %s %s", request.method, request.path[:200],
                                              exc_info=exception)
     return openai_error(500, "The gateway failed to serve this request (an internal error; it is logged).",
@@ -73,8 +74,6 @@ class LeanASGIHandler(ASGIHandler):
         except DisallowedHost as exc:
             logging.getLogger("django.security.DisallowedHost").warning("%s", exc)
             if request.path.startswith("/v1/"):
-                from gateway.errors import openai_error
-
                 return openai_error(400, "This gateway is not served under that host name (Host header).",
                                     code="disallowed_host")
             return HttpResponseBadRequest("Bad Request: this host name is not served here (Host header).\n",
@@ -123,11 +122,6 @@ router = ProtocolTypeRouter(
 
 async def _shutdown() -> None:
     """Write what this process holds in memory: usage records and the last usage report."""
-    from asgiref.sync import sync_to_async
-
-    from fleet import live
-    from gateway.usage import usage_records
-
     await live.stop()
     await sync_to_async(usage_records.flush, thread_sensitive=False)()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from asyncio import TimerHandle
 
+from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _MESSAGE = b"The request head did not arrive in time.\n"
@@ -26,8 +27,6 @@ _RESPONSE_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; cha
 def header_timeout_s() -> float:
     """``LLMGW_HEADER_TIMEOUT`` in seconds (0: no deadline), from the Django settings the
     app has loaded by the time a connection is made."""
-    from django.conf import settings
-
     return float(settings.LLMGW_HEADER_TIMEOUT_S)
 
 

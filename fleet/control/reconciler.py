@@ -13,6 +13,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_q.tasks import async_task
 
 from catalog.models import Model
 from fleet.control.planes import holder_id
@@ -138,7 +139,5 @@ def reconcile(holder: str | None = None) -> int:
 
 def request_pass() -> None:
     """Ask for a pass as soon as possible (after the current transaction commits)."""
-    from django_q.tasks import async_task
-
     PassLock.request_pass()
     transaction.on_commit(lambda: async_task("fleet.tasks.reconcile_now", q_options={"ack_failure": True}))

@@ -15,7 +15,8 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
 * the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
   registration as a control plane.
 
-``fleet`` owns this; the gateway only reads it and calls :data:`usage`.
+The gateway reaches this only through ``fleet.live``'s functions (``fleet/live/__init__.py``),
+never the watcher's attributes.
 """
 
 from __future__ import annotations
@@ -31,9 +32,15 @@ from typing import Any, Callable, Protocol
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
+from django.db.models import Q, Sum
 from django.utils import timezone
 
+from catalog.models import ClusterSettings
+from fleet.control import planes
+from fleet.control.usage import record_report
+from fleet.models import Agent, ControlPlane, ModelState, Replica, engine_url
+from fleet.states import COMING_UP, ReplicaState
 from llmgw.process_name import process_name, this_process
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,20 @@ class View:
     version: int = 0
     #: What :attr:`Watcher.extra_loaders` returned (merged), loaded in the same refresh.
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentGenerations:
+    """What one refresh read of the generations of the agents connected to this process
+    (kept by the watcher, not part of the :class:`View` the gateway reads).
+
+    ``key`` is ``(agent ids, sum of generations, sum of restart generations)``, None when no
+    agent is connected here; ``by_agent`` maps an agent's id to ``(generation,
+    restart_generation)``, or is None when ``key`` equals the previous refresh's (nothing
+    moved: generations only grow, so the rows were not read)."""
+
+    key: tuple | None = None
+    by_agent: dict[int, tuple[int, int]] | None = None
 
 
 class Pushable(Protocol):
@@ -147,10 +168,6 @@ class HeartbeatStamps:
 
     def flush(self) -> int:
         """Write pending stamps (blocking; ORM). Returns how many agents were stamped."""
-        from django.db.models import Q
-
-        from fleet.models import Agent
-
         with self._lock:
             pending, self.pending = self.pending, {}
         if not pending:
@@ -275,16 +292,14 @@ class Watcher:
 
     async def _refresh(self) -> None:
         started = time.monotonic()
-        view = await sync_to_async(_load_view, thread_sensitive=False)(list(self.agents), self._generations_key,
-                                                                       tuple(self.extra_loaders))
+        view, generations = await sync_to_async(_load_view, thread_sensitive=False)(
+            list(self.agents), self._generations_key, tuple(self.extra_loaders))
         view.started_at = started
         view.version = self.view.version + 1
-        key = view.__dict__.pop("_generations_key", None)
-        generations = view.__dict__.pop("_generations", None)
         self.view = view
-        if generations is not None or key is None:
-            self._generations = generations or {}
-        self._generations_key = key
+        if generations.by_agent is not None or generations.key is None:
+            self._generations = generations.by_agent or {}
+        self._generations_key = generations.key
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
@@ -348,8 +363,6 @@ class Watcher:
         report = usage.take_report(set(self._routed_at))
         self._last_flush = now
         if report:
-            from fleet.control.usage import record_report
-
             await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
 
 
@@ -358,37 +371,25 @@ def register_web_process() -> None:
     process or the database stalled, so heartbeats may have gone unrecorded — its row's
     ``started_at`` restarts: the lost-agent rule counts silence from there
     (``fleet.control.planes.listening_since``)."""
-    from fleet.models import ControlPlane
-    from fleet.control.planes import control_plane_stall_s
-
     now = timezone.now()
     host, pid = this_process()
     ControlPlane.objects.filter(
         host=host, role=ControlPlane.Role.WEB, pid=pid,
-        last_seen_at__lt=now - timedelta(seconds=control_plane_stall_s()),
+        last_seen_at__lt=now - timedelta(seconds=planes.control_plane_stall_s()),
     ).update(started_at=now)
     ControlPlane.heartbeat(ControlPlane.Role.WEB)
 
 
 def _token_hashes(agent_ids: list[int]) -> dict[int, str]:
     """The current token hash of each of ``agent_ids`` that still exists."""
-    from django.db import close_old_connections
-
-    from fleet.models import Agent
-
     close_old_connections()
     return dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "token_sha256"))
 
 
 def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
-               loaders: tuple[Callable[[], dict[str, Any]], ...] = ()) -> View:
-    from django.db import close_old_connections
-    from django.db.models import Sum
-
-    from catalog.models import ClusterSettings
-    from fleet.models import Agent, ModelState, Replica, engine_url
-    from fleet.states import COMING_UP, ReplicaState
-
+               loaders: tuple[Callable[[], dict[str, Any]], ...] = ()) -> tuple[View, AgentGenerations]:
+    """One refresh (blocking; ORM): the picture for the gateway, and the generations of
+    ``agent_ids`` (read in full only when their key moved from ``previous_key``)."""
     close_old_connections()
     view = View()
     routes: dict[int, list[Endpoint]] = defaultdict(list)
@@ -399,9 +400,7 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     # database (or every web process) was away, stamps are still on their way.
     now = timezone.now()
     heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
-    from fleet.control.planes import listening_since
-
-    listening = listening_since(now)
+    listening = planes.listening_since(now)
     if listening is not None and listening > heard_since:
         heard_since = datetime.min.replace(tzinfo=now.tzinfo)
     rows = Replica.objects.filter(
@@ -424,20 +423,23 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     row = ClusterSettings.objects.filter(pk=1).values_list("stopped", "cold_start_timeout_s").first()
     if row is not None:
         view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])
+    generations = AgentGenerations()
     if agent_ids:
         # Generations only grow: unchanged sums (and the same agents) mean nothing to push,
         # one row instead of one per agent connected here (a thousand, five times a second).
         totals = Agent.objects.aggregate(g=Sum("generation"), r=Sum("restart_generation"))
-        view._generations_key = (frozenset(agent_ids), totals["g"], totals["r"])
-        if view._generations_key != previous_key:
-            view._generations = {
+        key = (frozenset(agent_ids), totals["g"], totals["r"])
+        by_agent = None
+        if key != previous_key:
+            by_agent = {
                 agent_id: (generation, restart)
                 for agent_id, generation, restart in Agent.objects.filter(id__in=agent_ids).values_list(
                     "id", "generation", "restart_generation")
             }
+        generations = AgentGenerations(key, by_agent)
     for loader in loaders:
         view.extra.update(loader())
-    return view
+    return view, generations
 
 
 usage = UsageRecorder()

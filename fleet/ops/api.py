@@ -27,6 +27,7 @@ from catalog.api import int_param
 from catalog.models import Model
 from llmgw import auth_throttle
 from fleet.models import Agent, ApiToken, Replica
+from fleet.ops.explain import explain_model
 from llmgw.shown_once import shown_once_api_response
 from fleet.ops.operations import (
     cluster_status,
@@ -201,9 +202,6 @@ class ExplainView(APIView):
 
     @extend_schema(responses={200: ExplainSerializer, 404: OpenApiResponse(description="No such model.")})
     def get(self, request, name: str):
-        # The CLI owns the shape; imported here so fleet's import graph stays below llmgw.
-        from fleet.ops.explain import explain_model
-
         model = Model.resolve(name)
         if model is None:
             raise NotFound(f"no model called {name!r}")

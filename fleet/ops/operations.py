@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
 from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
+from fleet.control.demand import want
 from fleet.control.reconciler import request_pass
 from fleet.groups import nudge_agents, restart_agents
 from fleet.ops import cluster as read
@@ -218,8 +219,6 @@ def evict_model(model: Model, by: str = "") -> int:
 def want_model(model: Model) -> None:
     """Ask for an on-demand model now, as a request for it would. ValueError for a model
     that is not on demand or is served elsewhere."""
-    from fleet.control.demand import want
-
     if model.is_external or not model.on_demand:
         raise ValueError(f"{model.name} is not an on-demand model served here")
     want(model.pk)

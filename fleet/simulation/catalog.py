@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import time
 from pathlib import Path
 
+import numpy as np
+
 from catalog.schedules import Window, parse_weekdays
 from fleet.planning.scaling import SCALE_DOWN_HEADROOM
 
@@ -315,7 +317,7 @@ def read_catalog(path: str | Path, default_cold_start_s: float = 60.0) -> Catalo
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".yaml", ".yml"):
-        import yaml
+        import yaml  # lazy: PyYAML is optional (YAML catalogs only)
 
         data = yaml.safe_load(text)
     else:
@@ -368,8 +370,6 @@ def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0, headroom: floa
     law) over ``headroom`` of a replica's slots (by default the 70% the planner keeps when
     it scales down), rounded up; at least 1 for every model in the catalog (a static fleet
     runs everything it offers)."""
-    import numpy as np
-
     specs = catalog.by_name()
     counts = {m.name: 1 for m in catalog.models}
     if not len(trace):
@@ -398,6 +398,8 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
     """The catalog the cluster runs: every model with a profile (external ones are served
     elsewhere and skipped), its windows and benchmark, and the cluster's settings. Needs
     Django set up; imports the ORM here so the rest of the simulator does not."""
+    # lazy: the simulator runs without Django (bench/simulate_day.py); only the *_from_db
+    # readers need the ORM, and they need Django set up first.
     from django.conf import settings
 
     from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
@@ -441,7 +443,7 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
 
 def fleet_from_db() -> tuple[AgentSpec, ...]:
     """The registered agents (not cordoned) with the GPUs, cores and RAM they reported."""
-    from fleet.models import Agent
+    from fleet.models import Agent  # lazy: the simulator runs without Django (see catalog_from_db)
 
     agents = []
     for a in Agent.objects.filter(cordoned=False).prefetch_related("gpus").order_by("name"):

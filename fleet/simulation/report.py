@@ -168,6 +168,7 @@ def plot(report: Report, path: str | Path, baseline: Report | None = None, top: 
     """Save a PNG: GPUs held over time (and the baseline's), and replicas over time of the
     ``top`` models by requests. Returns the path. Uses matplotlib's Agg canvas directly
     (no pyplot, no display)."""
+    # lazy: matplotlib takes a second to import and only plot() draws.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

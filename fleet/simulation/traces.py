@@ -284,14 +284,6 @@ def from_usage(records: Iterable[tuple[datetime, str, int | None, int | None, fl
                        medians[m][1] if o is None else o) for at, m, p, o in rows), start, description)
 
 
-def from_usage_records(path: str | Path) -> Trace:
-    """Replay the gateway's exported usage records (JSONL or CSV, see the module docstring)
-    as a trace starting at the earliest arrival."""
-    path = Path(path)
-    _, rows = _records(path)
-    return _from_usage_rows(path, rows)
-
-
 # --- Generators ----------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from fleet.simulation import traces
+from gateway.models import UsageRecord
 from fleet.simulation import (
     SimConfig,
     baseline,
@@ -83,8 +84,6 @@ def _since(text: str) -> datetime:
 
 
 def _usage_trace(since: datetime) -> traces.Trace:
-    from gateway.models import UsageRecord
-
     rows = (UsageRecord.objects.filter(at__gte=since).order_by("at")
             .values_list("at", "model_name", "prompt_tokens", "completion_tokens", "total_ms"))
     return traces.from_usage(rows.iterator(), f"usage records since {since:%Y-%m-%d %H:%M} UTC")

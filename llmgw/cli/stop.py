@@ -3,6 +3,7 @@
 import getpass
 import time
 
+from catalog.models import ClusterSettings
 from fleet.ops.operations import replicas_running, stop_cluster
 from llmgw.cli.output import FAILED, OK
 from llmgw.cli.progress import StatusLine
@@ -24,8 +25,6 @@ def run(options, stdout, stderr) -> int:
     if changed:
         stdout.write(f"cluster stopped (by {by}); engines drain and stop; /v1/ answers 503 system_stopped\n")
     else:
-        from catalog.models import ClusterSettings
-
         cluster = ClusterSettings.get_solo()
         when = f" at {cluster.stopped_at:%Y-%m-%d %H:%M:%S %Z}" if cluster.stopped_at else ""
         stdout.write(f"cluster was already stopped (by {cluster.stopped_by or 'someone'}{when}); "

@@ -8,6 +8,7 @@ with ``--stop-engines-on-exit`` so the engines stop too.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -22,7 +23,19 @@ import urllib.request
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
+from django.core.management.base import CommandError
+from django_q.tasks import async_task
+
+from catalog.models import ClusterSettings, Model, Profile
+from fleet.models import Agent
+from gateway.models import ApiKey
+from llmgw import tokens
+from llmgw.datadir import write_private
+from fleet import protocol
 
 HELP = "Run the whole cluster on this machine (web + worker + agent) with a demo model."
 
@@ -67,8 +80,6 @@ def web_argv(host: str, port: int, access_log: bool = True, max_connections: int
 
 def seed_demo() -> None:
     """Create the demo profile and model unless they exist (never overwrites edits)."""
-    from catalog.models import Model, Profile
-
     profile = Profile.objects.filter(name=DEMO_PROFILE).first()
     if profile is not None and "--interrupt_requests" not in profile.command and "llama_cpp.server" in profile.command:
         # Demo databases from before the fix: without it a second request cuts off a stream.
@@ -92,10 +103,6 @@ PASSWORD_UNCHANGED = "unchanged (set by an operator)"
 def _validate_supplied_password(users, supplied: str) -> None:
     """``LLMGW_ADMIN_PASSWORD`` held to AUTH_PASSWORD_VALIDATORS, like any password set in the
     admin (the generated one passes them); CommandError saying why it is refused."""
-    from django.contrib.auth.password_validation import validate_password
-    from django.core.exceptions import ValidationError
-    from django.core.management.base import CommandError
-
     try:
         validate_password(supplied, users(username="admin", email="admin@localhost"))
     except ValidationError as exc:
@@ -109,10 +116,6 @@ def ensure_admin(stdout) -> tuple[str, str | None]:
     one, then kept there, mode 600). An existing user's password is never reset: returns
     ``("admin", password)`` while the kept one still works, else ``("admin", None)`` and
     says so — an operator changed it (issue 12)."""
-    from django.contrib.auth import get_user_model
-
-    from llmgw.datadir import write_private
-
     users = get_user_model()
     path = Path(settings.DATA_DIR) / "admin_password"
     supplied = os.environ.get("LLMGW_ADMIN_PASSWORD", "")
@@ -194,9 +197,6 @@ class Group:
 def ensure_demo_key() -> str:
     """The demo's API key: kept (in clear, mode 600) in the data directory so repeated
     `up` runs print the same working key; re-created if it was revoked or deleted."""
-    from llmgw import tokens
-    from gateway.models import ApiKey
-
     path = Path(settings.DATA_DIR) / "demo_api_key"
     clear = path.read_text().strip() if path.exists() else ""
     if clear:
@@ -204,8 +204,6 @@ def ensure_demo_key() -> str:
         if key and key.state == ApiKey.State.ACTIVE:
             return clear
     _, clear = ApiKey.create_key("demo")
-    from llmgw.datadir import write_private
-
     write_private(path, clear)
     return clear
 
@@ -253,10 +251,8 @@ def manage_cmd(command: str) -> str:
 def port_free(host: str, port: int) -> bool:
     """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
     IPv6 too); a host that is not this machine's counts as taken, as before."""
-    from fleet.protocol import port_free as bindable
-
     try:
-        return bindable(host, port)
+        return protocol.port_free(host, port)
     except OSError:
         return False
 
@@ -274,8 +270,6 @@ def say(stream, text: str) -> None:
 def is_loopback(host: str) -> bool:
     """Whether listening on ``host`` keeps the server on this machine (``localhost``,
     ``127.0.0.0/8``, ``::1``); ``0.0.0.0``, ``::`` and every other address expose it."""
-    import ipaddress
-
     if host.lower() in ("localhost", "localhost."):
         return True
     try:
@@ -308,8 +302,6 @@ def check_exposure(host: str, stdout, stderr) -> int:
     if settings.LLMGW_METRICS_PUBLIC:
         say(stdout, "llmgw up: /metrics is public (LLMGW_METRICS_PUBLIC=1)\n")
     elif not os.environ.get("LLMGW_METRICS_TOKEN"):
-        from llmgw.datadir import write_private
-
         path = Path(settings.LLMGW_METRICS_TOKEN_FILE)
         if not path.exists() or not path.read_text().strip():
             write_private(path, secrets.token_urlsafe(32))
@@ -320,8 +312,6 @@ def check_exposure(host: str, stdout, stderr) -> int:
 
 
 def run(options, stdout, stderr) -> int:
-    from fleet.models import Agent
-
     exposure = check_exposure(options["host"], stdout, stderr)
     if exposure:
         return exposure
@@ -365,10 +355,6 @@ def run(options, stdout, stderr) -> int:
 def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, env: dict[str, str], manage: str,
            base_url: str, token: str, user: str, password: str | None, api_key: str) -> int:
     """Start the children and wait until asked to stop (or one exits); ``run`` stops them."""
-    from django_q.tasks import async_task
-
-    from catalog.models import ClusterSettings
-
     host, port = options["host"], options["port"]
     group.start("web", web_argv(host, port), env)
     group.start("worker", [sys.executable, manage, "qcluster"], env)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import django
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.agent import VERSION
 from llmgw.cli import COMMANDS
 
 
@@ -15,10 +17,6 @@ class Command(BaseCommand):
 
     def get_version(self) -> str:
         """``--version``: llmgw's (and Django's), not Django's alone."""
-        import django
-
-        from fleet.agent import VERSION
-
         return f"llmgw {VERSION} (Django {django.get_version()})"
 
     def create_parser(self, prog_name, subcommand, **kwargs):
