@@ -26,6 +26,8 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def refused(host: str, port: int) -> bool:
+    """A TCP connection to ``host``:``port`` is refused (nothing listens there); a connection
+    accepted is ``False``; a timeout (5 s) or another error raises."""
     try:
         with socket.create_connection((host, port), timeout=5):
             return False
