@@ -124,7 +124,7 @@ def reconcile(holder: str | None = None) -> int:
         try:
             started = time.time()
             run_pass(now)
-            # Machine-readable, for checking that passes never overlap (tests/test_faults.py).
+            # Machine-readable, for checking that passes never overlap (tests/system/test_faults.py).
             log.debug("pass by %s ran from %.6f to %.6f", holder, started, time.time())
         except Exception:
             log.exception("reconcile pass failed")

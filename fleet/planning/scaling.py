@@ -21,7 +21,7 @@ metrics endpoint.
   llama.cpp server has a few slots), and judged pass by pass one request too many in any
   pass would keep a light load from ever scaling down. Without any of this, "quiet" would
   only mean "nothing waiting", and a steady load between one and two replicas' worth would
-  scale down, queue, scale up again, forever (the seed flaps so; ``tests/test_simulator.py``
+  scale down, queue, scale up again, forever (the seed flaps so; ``tests/simulation/test_simulator.py``
   shows it no longer does). Forgiving spikes against a measured capacity too was tried: in
   the simulated day it scaled the 70B models down earlier, at moments when their drained
   replica still held requests longer than the 30 s drain grace (6 cut off).

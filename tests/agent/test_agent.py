@@ -21,9 +21,10 @@ from fleet.agent.inventory import read_inventory
 from fleet.agent.metrics import parse_metric
 from fleet.agent.weights import WeightsError, fetch_weights
 from fleet.states import ReplicaState as S
+from tests.sockets import listening_addresses, refused
 
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
-FAKE_ENGINE = str(Path(__file__).parent / "fake_engine.py")
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "metrics"
+FAKE_ENGINE = str(Path(__file__).parent.parent / "fake_engine.py")
 
 VALUES = {"python": "/usr/bin/python3", "weights_path": "/w/model", "host": "10.0.0.5", "port": 20001,
           "served_name": "llama-70b", "gpus": "0,1", "tp_size": 2, "threads": 4, "api_key": "K3y"}
@@ -212,33 +213,6 @@ async def test_a_command_that_cannot_run_fails_instead_of_crashing_the_agent(man
 
 
 # --- engines reachable only through the gateway (issue 12) ------------------------------------
-
-def listening_addresses(port: int) -> set[str]:
-    """Local addresses with a socket listening on ``port``, read from /proc/net/tcp{,6}
-    (what the kernel says, not what the engine printed)."""
-    found = set()
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        with open(table) as fh:
-            for line in fh.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hex_port = local.split(":")
-                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    raw = bytes.fromhex(address)
-                    if width == 8:
-                        found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
-                    else:  # four little-endian 32-bit words
-                        words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-                        found.add(socket.inet_ntop(socket.AF_INET6, words))
-    return found
-
-
-def refused(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=5):
-            return False
-    except ConnectionRefusedError:
-        return True
-
 
 async def test_an_engine_port_refuses_requests_without_its_key_while_the_agents_probes_pass(manager, tmp_path):
     record = tmp_path / "record.jsonl"

@@ -4,7 +4,7 @@ agents (each behind a link a test can cut), fake engines. Each test asserts what
 with a 500, while an agent is killed and brought back, a link is cut for less and for more
 than the grace, a web process restarts, an engine crashes in a loop, and two workers race
 for the pass lock. One cluster for the module; runs on the suite's database (SQLite, or
-PostgreSQL + Redis in the second CI pass). PostgreSQL restarts: tests/test_pg_restart.py."""
+PostgreSQL + Redis in the second CI pass). PostgreSQL restarts: tests/system/test_pg_restart.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tests.processes import wait_until
 
 pytestmark = [pytest.mark.timeout(150)]
 
-FLAKY_ENGINE = Path(__file__).resolve().parent / "flaky_engine.py"
+FLAKY_ENGINE = Path(__file__).resolve().parent.parent / "flaky_engine.py"
 ROUTE_GRACE_S, LOST_AFTER_S = 2.0, 5.0  # as in tests.multicluster.FAULT_ENV
 
 

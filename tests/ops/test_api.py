@@ -31,7 +31,7 @@ def basic(username: str, password: str) -> str:
 
 def grant_every_llmgw_permission(user) -> None:
     """Every permission of the catalog, fleet and gateway apps (not a superuser: what the
-    API allows must come from the permissions; tests/test_permissions.py checks each one)."""
+    API allows must come from the permissions; tests/llmgw/test_permissions.py checks each one)."""
     from django.contrib.auth.models import Permission
 
     user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["catalog", "fleet", "gateway"]))
@@ -40,7 +40,7 @@ def grant_every_llmgw_permission(user) -> None:
 @pytest.fixture
 def staff(django_user_model):
     """A staff member holding every llmgw permission (a staff member without them is
-    refused: tests/test_permissions.py)."""
+    refused: tests/llmgw/test_permissions.py)."""
     user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
     grant_every_llmgw_permission(user)
     client = APIClient()

@@ -10,7 +10,7 @@ from django.core.management import call_command
 
 from catalog.models import Benchmark
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
-from tests.test_gateway import ENGINE_KEY, serve
+from tests.replicas import ENGINE_KEY, serve
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

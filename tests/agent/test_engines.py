@@ -15,7 +15,7 @@ import pytest
 from fleet.agent.engines import AgentConfig, EngineManager
 from fleet.states import ReplicaState as S
 
-FLAKY_ENGINE = str(Path(__file__).parent / "flaky_engine.py")
+FLAKY_ENGINE = str(Path(__file__).parent.parent / "flaky_engine.py")
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from catalog.models import Model
 from gateway.models import ApiKey
 from tests.processes import free_port, web_server, wait_until
-from tests.test_gateway import routed_to, serve
+from tests.replicas import routed_to, serve
 from tests.upstream import SAFE_HEADERS, SPOOFING_HEADERS, UNSAFE_HEADERS, RecordingUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -14,7 +14,7 @@ from catalog.models import Model
 from fleet.models import Replica
 from tests.cluster import fake_profile, live_cluster_fixture
 from tests.processes import wait_until
-from tests.test_agent import listening_addresses, refused
+from tests.sockets import listening_addresses, refused
 
 HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
 

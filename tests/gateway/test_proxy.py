@@ -22,7 +22,7 @@ from catalog.models import Model
 from fleet.models import Replica
 from gateway.models import ApiKey, UsageRecord
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
-from tests.test_gateway import routed_to, serve
+from tests.replicas import routed_to, serve
 
 HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
 

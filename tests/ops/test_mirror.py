@@ -30,7 +30,7 @@ from fleet.control.reports import record_replicas
 from fleet.states import ReplicaState as S
 from tests.processes import daphne, free_port
 
-FAKE_ENGINE = str(Path(__file__).parent / "fake_engine.py")
+FAKE_ENGINE = str(Path(__file__).parent.parent / "fake_engine.py")
 MiB = 1024 * 1024
 
 

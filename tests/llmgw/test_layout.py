@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("llmgw", "catalog", "fleet", "gateway")
 
 #: Rooms, most specific first: a module belongs to the first room with a matching prefix

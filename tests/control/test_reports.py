@@ -1,11 +1,18 @@
-"""Breaker: agent reports vs replica states (database, no processes)."""
+"""Agent reports against replica states (``fleet.control.reports``, on the database, no
+processes): stop reports lost, placings never acknowledged, garbage in reports and
+inventories; a lost replica's engine reported again, duplicates stopped, and an agent back
+without an engine it was stopping."""
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from fleet.control import reconciler, reports
+from fleet.control.reconciler import reconcile
 from fleet.models import Agent, Replica
+from tests import rows
 
 pytestmark = pytest.mark.django_db
 
@@ -112,3 +119,51 @@ def test_an_inventory_with_garbage_gpu_does_not_crash(make_model):
     a.refresh_from_db()
     assert (a.cpu_cores, a.memory_mib) == (0, 0)
     assert list(a.gpus.values_list("index", "name", "memory_total_mib")) == [(1, "H100", 0)]
+
+
+# --- an agent comes back ---------------------------------------------------------------------
+
+def test_a_lost_replica_reported_ready_stays_lost_for_the_planner_to_decide(make_model):
+    a = rows.agent("a")
+    m = make_model("m", min_replicas=1)
+    r = rows.replica(m, a, state="lost", ready_at=timezone.now() - timedelta(minutes=5))
+    assert reports.record_replicas(a.pk, [{"replica_id": r.pk, "state": "ready", "pid": 7, "port": 20001}])
+    r.refresh_from_db()
+    assert r.state == "lost" and r.ready_at > r.state_changed_at
+    # Still in the agent's desired set: the engine is not stopped before the planner decides.
+    assert [x["replica_id"] for x in reports.desired_set(a.pk)["replicas"]] == [r.pk]
+
+
+def test_a_returning_duplicate_is_stopped_and_the_successor_kept(make_model):
+    a, b = rows.agent("a"), rows.agent("b")
+    m = make_model("m", min_replicas=1)
+    lost = rows.replica(m, a, state="lost", reason="agent a silent for 30 s")
+    successor = rows.replica(m, b, state="ready")
+    reports.record_replicas(a.pk, [{"replica_id": lost.pk, "state": "ready", "pid": 7, "port": 20001}])
+    generation = Agent.objects.get(pk=a.pk).generation
+    reconcile()
+    lost.refresh_from_db()
+    assert lost.state == "stopping" and "duplicate: agent a came back, 1 ready elsewhere" in lost.reason
+    assert Replica.objects.get(pk=successor.pk).state == "ready"
+    assert Agent.objects.get(pk=a.pk).generation > generation  # told to stop it
+    assert reports.desired_set(a.pk)["replicas"] == []
+
+
+def test_a_returning_replica_is_taken_back_while_its_successor_is_still_starting(make_model):
+    a, b = rows.agent("a"), rows.agent("b")
+    m = make_model("m", min_replicas=1)
+    lost = rows.replica(m, a, state="lost")
+    successor = rows.replica(m, b, state="starting")
+    reports.record_replicas(a.pk, [{"replica_id": lost.pk, "state": "ready", "pid": 7, "port": 20001}])
+    reconcile()
+    assert Replica.objects.get(pk=lost.pk).state == "ready"
+    assert Replica.objects.get(pk=successor.pk).state == "stopping"
+
+
+def test_an_agent_back_without_an_engine_it_was_stopping_has_it_stopped(make_model):
+    a = rows.agent("a")
+    m = make_model("m", min_replicas=0)
+    rows.replica(m, a, state="stopping")
+    rows.replica(m, a, state="lost")
+    assert reports.forget_unreported(a.pk, []) == 2  # its report of the stop went missing
+    assert {r.state for r in Replica.objects.all()} == {"stopped"}

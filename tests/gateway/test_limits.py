@@ -15,7 +15,7 @@ import pytest
 from gateway.models import ApiKey
 from llmgw.cli.up import web_argv
 from tests.processes import Proc, free_port, wait_for_port, wait_until, web_server
-from tests.test_gateway import serve
+from tests.replicas import serve
 from tests.upstream import RecordingUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

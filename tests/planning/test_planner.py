@@ -372,3 +372,223 @@ def test_a_replica_its_agent_never_takes_up_is_failed_after_the_placing_timeout(
     result = plan(snap([gpu_agent(1, "a")], [model(1, "m", min_replicas=1)], replicas, placing_timeout_s=120), NOW)
     assert (1, S.FAILED, MoveCause.NOT_TAKEN_UP) in [(x.replica_id, x.to, x.cause) for x in result.moves]
     assert "did not take it up" in result.moves[0].reason
+
+
+# --- making room while room is already being freed ------------------------------------------
+
+def test_idle_scale_down_in_the_same_pass_already_frees_room_so_no_wanted_replica_is_evicted():
+    """qwen is past its idle timeout and is drained this pass (its GPU is on its way back);
+    the planner nevertheless also evicts mistral, which is still wanted."""
+    agents = [gpu_agent(1, "a", gpus=1), gpu_agent(2, "b", gpus=1)]
+    models = [model(10, "qwen", on_demand=True, wanted_at=ago(900)),      # idle > 600 s default
+              model(11, "mistral", on_demand=True, wanted_at=ago(300))]   # still wanted
+    wanted = model(1, "llama", on_demand=True, wanted_at=ago(0))
+    replicas = [rep(100, 10, 1, S.READY, gpus=(0,), last_used_at=ago(900), in_flight=0),
+                rep(101, 11, 2, S.READY, gpus=(0,), last_used_at=ago(300), in_flight=0)]
+    result = plan(snap(agents, models + [wanted], replicas, min_idle_before_eviction_s=60), NOW)
+    evicted = [(m.replica_id, m.reason) for m in result.moves if "evicted" in m.reason]
+    assert evicted == [], f"evicted a wanted replica although room is already being freed: {evicted}"
+    # Only qwen drains, for its idleness; llama waits for its GPU.
+    assert [(m.replica_id, m.to, m.cause) for m in result.moves] == [(100, S.DRAINING, MoveCause.IDLE)]
+    assert result.places == [] and not result.models[1].unservable
+    assert result.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"
+
+
+def test_second_pass_while_the_victim_drains_neither_evicts_more_nor_reports_unservable():
+    agents = [gpu_agent(1, "a", gpus=1), gpu_agent(2, "b", gpus=1)]
+    models = [model(10, "qwen", on_demand=True, wanted_at=ago(500)),
+              model(11, "mistral", on_demand=True, wanted_at=ago(300))]
+    wanted = model(1, "llama", on_demand=True, wanted_at=ago(0))
+    replicas = [rep(100, 10, 1, S.READY, gpus=(0,), last_used_at=ago(500), in_flight=0),
+                rep(101, 11, 2, S.READY, gpus=(0,), last_used_at=ago(300), in_flight=0)]
+    first = plan(snap(agents, models + [wanted], replicas, min_idle_before_eviction_s=60), NOW)
+    assert [(m.replica_id, m.to) for m in first.moves] == [(100, S.DRAINING)]
+    # The next pass, a tick later: the victim still drains and holds its GPU; qwen's demand
+    # was forgotten by the first pass.
+    models2 = [model(10, "qwen", on_demand=True, wanted_at=None), models[1]]
+    replicas2 = [rep(100, 10, 1, S.DRAINING, gpus=(0,), last_used_at=ago(500), in_flight=None,
+                     state_changed_at=ago(1)), replicas[1]]
+    second = plan(snap(agents, models2 + [wanted], replicas2, min_idle_before_eviction_s=60), NOW)
+    evicted = [m.replica_id for m in second.moves if "evicted" in m.reason]
+    assert evicted == [], f"second pass evicted more than needed: {second.moves}"
+    assert second.actions == []  # the victim drains on; nothing else moves, nothing is placed
+    assert not second.models[1].unservable, second.models[1].reason
+    assert second.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"
+
+
+def test_pass_while_the_victim_is_stopping_does_not_tell_held_clients_it_is_unservable():
+    agents = [gpu_agent(1, "a", gpus=1)]
+    models = [model(10, "qwen", on_demand=True, wanted_at=None)]
+    wanted = model(1, "llama", on_demand=True, wanted_at=ago(0))
+    replicas = [rep(100, 10, 1, S.STOPPING, gpus=(0,), last_used_at=ago(900), in_flight=0,
+                    state_changed_at=ago(1))]
+    result = plan(snap(agents, models + [wanted], replicas), NOW)
+    assert not result.models[1].unservable, result.models[1].reason
+    assert result.actions == [] and result.models[1].reason == "waiting for 1 replica on a to stop, then placing llama"
+
+
+# --- through faults: agents that go silent and come back (duplicates), a control plane that
+# itself stalled, crash loops (one GPU per agent, a model of min 1 by default) -------------
+
+def agent(id: int, name: str, gpus: int = 1, **kw) -> AgentView:
+    kw.setdefault("last_seen_at", ago(1))
+    return AgentView(id=id, name=name, gpus=tuple(GpuView(i, 81920) for i in range(gpus)), **kw)
+
+
+def served_model(id: int = 1, name: str = "m", **kw) -> ModelView:
+    kw.setdefault("min_replicas", 1)
+    kw.setdefault("max_replicas", max(1, kw["min_replicas"]))
+    return ModelView(id=id, name=name, profile=GPU_40G, **kw)
+
+
+def replica_on(id: int, agent_id: int, state: S = S.READY, model_id: int = 1, **kw) -> ReplicaView:
+    return ReplicaView(id=id, model_id=model_id, agent_id=agent_id, state=state, gpu_indices=(0,), **kw)
+
+
+def run(agents, models, replicas, now: datetime = NOW, **policy):
+    policy.setdefault("agent_lost_after_s", 20)
+    return plan(Snapshot(Policy(**policy), tuple(agents), tuple(models), tuple(replicas)), now)
+
+
+def moves(result) -> list[tuple[int, S]]:
+    return sorted((m.replica_id, m.to) for m in result.moves)
+
+
+# --- an agent comes back -------------------------------------------------------------------
+
+def test_a_returning_replica_is_stopped_when_its_successor_is_ready():
+    result = run([agent(1, "a"), agent(2, "b")], [served_model()],
+                 [replica_on(1, 1, S.LOST, back=True, state_changed_at=ago(60)), replica_on(2, 2, S.READY)])
+    assert moves(result) == [(1, S.STOPPING)]
+    assert "duplicate: agent a came back, 1 ready elsewhere" in result.moves[0].reason
+    assert result.places == []
+
+
+def test_a_returning_ready_replica_is_kept_while_its_successor_is_not_ready_yet():
+    result = run([agent(1, "a"), agent(2, "b")], [served_model()],
+                 [replica_on(1, 1, S.LOST, back=True), replica_on(2, 2, S.STARTING)])
+    assert moves(result) == [(1, S.READY), (2, S.STOPPING)]
+    assert result.places == []
+    assert result.models[1].ready == 1 and result.models[1].active == 1
+
+
+def test_a_returning_replica_with_no_successor_is_taken_back():
+    result = run([agent(1, "a")], [served_model()], [replica_on(1, 1, S.LOST, back=True)])
+    assert moves(result) == [(1, S.READY)]
+    assert "agent a came back with the engine ready" in result.moves[0].reason
+
+
+def test_a_returning_engine_not_ready_is_stopped_when_others_are_ready():
+    result = run([agent(1, "a"), agent(2, "b")], [served_model()], [replica_on(1, 1, S.LOST, back=False), replica_on(2, 2, S.READY)])
+    assert moves(result) == [(1, S.STOPPING)]
+
+
+def test_a_returning_engine_not_ready_waits_for_its_report_while_others_are_not_ready_either():
+    result = run([agent(1, "a"), agent(2, "b")], [served_model()], [replica_on(1, 1, S.LOST, back=False), replica_on(2, 2, S.PLACING)])
+    assert result.actions == []
+
+
+def test_returning_replicas_of_a_model_no_longer_wanted_stop():
+    result = run([agent(1, "a")], [served_model()], [replica_on(1, 1, S.LOST, back=True)], stopped=True)
+    assert moves(result) == [(1, S.STOPPING)]
+
+
+def test_of_two_returning_replicas_only_the_missing_one_is_taken_back():
+    agents = [agent(1, "a", gpus=2), agent(2, "b")]
+    replicas = [replica_on(1, 1, S.LOST, back=True), replica_on(3, 1, S.LOST, back=True), replica_on(2, 2, S.READY)]
+    result = run(agents, [served_model(min_replicas=2)], replicas)
+    assert moves(result) == [(1, S.READY), (3, S.STOPPING)]
+
+
+def test_a_lost_replica_of_an_agent_still_silent_is_left_alone():
+    result = run([agent(1, "a", last_seen_at=ago(100)), agent(2, "b")], [served_model()],
+                 [replica_on(1, 1, S.LOST, back=True), replica_on(2, 2, S.READY)])
+    assert result.actions == []
+
+
+def test_a_returning_engine_keeps_its_gpu_until_it_has_stopped():
+    other = ModelView(id=2, name="other", profile=GPU_40G, min_replicas=1, max_replicas=1)
+    result = run([agent(1, "a")], [served_model(), other], [replica_on(1, 1, S.LOST, back=False)])
+    assert result.places == []  # GPU 0 of agent a is still taken by the returning engine
+    assert "no agent has 1 free GPU" in result.models[2].reason
+
+
+# --- an agent goes silent ------------------------------------------------------------------
+
+def test_an_agent_silent_for_longer_than_the_grace_is_replaced_on_another():
+    result = run([agent(1, "a", last_seen_at=ago(30)), agent(2, "b")], [served_model()], [replica_on(1, 1)])
+    assert moves(result) == [(1, S.LOST)]
+    assert "agent a silent for 30 s" in result.moves[0].reason
+    assert [(p.model_id, p.agent_id) for p in result.places] == [(1, 2)]
+
+
+def test_only_replicas_meant_to_run_are_lost_with_their_agent():
+    replicas = [replica_on(1, 1, S.READY), replica_on(2, 1, S.DRAINING, model_id=2), replica_on(3, 1, S.STOPPING, model_id=3)]
+    models = [served_model(1, "m"), served_model(2, "n", min_replicas=0), served_model(3, "o", min_replicas=0)]
+    result = run([agent(1, "a", gpus=3, last_seen_at=ago(30)), agent(2, "b")], models, replicas)
+    # A lost replica may run again if its agent returns; one on its way out never should.
+    assert moves(result) == [(1, S.LOST), (2, S.STOPPING)]
+
+
+def test_a_blip_shorter_than_the_grace_moves_nothing():
+    result = run([agent(1, "a", last_seen_at=ago(19), connected=False), agent(2, "b")], [served_model()], [replica_on(1, 1)])
+    assert result.actions == []
+
+
+def test_silence_while_the_control_plane_could_not_listen_does_not_count():
+    # The agent's last stamp is 100 s old, but the control plane only listens again since
+    # 10 s (its database was away): 10 s of silence, under the grace.
+    result = run([agent(1, "a", last_seen_at=ago(100)), agent(2, "b", last_seen_at=ago(100))], [served_model()],
+                 [replica_on(1, 1)], listening_since=ago(10))
+    assert result.actions == []
+
+
+def test_silence_counts_again_once_the_control_plane_listened_for_the_grace():
+    result = run([agent(1, "a", last_seen_at=ago(100)), agent(2, "b")], [served_model()], [replica_on(1, 1)],
+                 listening_since=ago(25))
+    assert moves(result) == [(1, S.LOST)]
+    assert "silent for 25 s" in result.moves[0].reason
+
+
+def test_a_control_plane_that_listened_all_along_changes_nothing():
+    result = run([agent(1, "a", last_seen_at=ago(30)), agent(2, "b")], [served_model()], [replica_on(1, 1)],
+                 listening_since=ago(3600))
+    assert moves(result) == [(1, S.LOST)]
+
+
+def test_a_heartbeat_storm_reschedules_nothing():
+    agents = [agent(i, f"a{i}", last_seen_at=ago(60)) for i in range(1, 7)] + [agent(7, "a7")]
+    models = [served_model(i, f"m{i}") for i in range(1, 8)]
+    replicas = [replica_on(i, i, model_id=i) for i in range(1, 8)]
+    result = run(agents, models, replicas)
+    assert result.actions == []
+    assert "6 of 7 agents went silent at once" in result.notes[0]
+
+
+# --- crash loops ---------------------------------------------------------------------------
+
+def test_a_crash_loop_shows_as_such_with_the_last_error_and_waits_longer_each_time():
+    m = served_model(failures=(ago(5), ago(3), ago(2)), last_error="RuntimeError: CUDA out of memory")
+    result = run([agent(1, "a")], [m], [], backoff_base_s=1, backoff_cap_s=60)
+    reason = result.models[1].reason
+    assert result.places == [] and reason.startswith("crash loop: 3 failure(s) in a row, next try in 2 s")
+    assert reason.endswith("last error: RuntimeError: CUDA out of memory")
+    # After the third failure it waits 4 s (1 · 2²); after the second it waited 2 s.
+    assert run([agent(1, "a")], [m], [], now=NOW + timedelta(seconds=1.9), backoff_base_s=1).places == []
+    assert len(run([agent(1, "a")], [m], [], now=NOW + timedelta(seconds=2.1), backoff_base_s=1).places) == 1
+    second = served_model(failures=(ago(5), ago(3)))
+    assert len(run([agent(1, "a")], [second], [], now=NOW - timedelta(seconds=0.9), backoff_base_s=1).places) == 1
+
+
+def test_the_backoff_is_capped():
+    m = served_model(failures=tuple(ago(100 + i) for i in range(8, 0, -1)))
+    assert len(run([agent(1, "a")], [m], [], backoff_base_s=1, backoff_cap_s=10, now=NOW - timedelta(seconds=90)).places) == 1
+
+
+def test_an_attempt_between_failures_is_still_shown_as_a_crash_loop():
+    m = served_model(failures=(ago(30), ago(20)), last_error="engine exited with code 1")
+    result = run([agent(1, "a")], [m], [replica_on(5, 1, S.STARTING)], backoff_base_s=1)
+    assert result.models[1].reason == ("crash loop: 2 failure(s) in a row, trying again (1 wanted, all placed); "
+                                       "last error: engine exited with code 1")
+    placing = run([agent(1, "a")], [m], [], backoff_base_s=1)
+    assert placing.models[1].reason.startswith("crash loop: 2 failure(s) in a row, trying again (placed on a GPU 0")

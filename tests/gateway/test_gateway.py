@@ -7,15 +7,12 @@ import time
 
 import httpx
 import pytest
-from django.utils import timezone
 
-from fleet.models import Agent, ModelState, Replica
+from fleet.models import ModelState, Replica
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
+from tests.replicas import ENGINE_KEY, routed_to, serve
 
 HI = [{"role": "user", "content": "x"}]  # the smallest valid chat
-#: The engine key of every replica these tests serve from: the fake engines refuse
-#: requests without it, so every relayed answer proves the gateway sent it.
-ENGINE_KEY = "test-engine-key"
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -53,21 +50,6 @@ def client(servers, api_key):
     """Every gateway test talks through this client, which carries a valid API key."""
     with httpx.Client(base_url=servers["url"], timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as c:
         yield c
-
-
-def serve(model, port: int, engine_key: str = ENGINE_KEY) -> Replica:
-    """A ready replica of ``model`` on the engine at ``port`` (started with ``engine_key``)."""
-    agent, _ = Agent.objects.get_or_create(name="local", defaults={"address": "127.0.0.1"})
-    Agent.objects.filter(pk=agent.pk).update(connected=True, last_seen_at=timezone.now(), address="127.0.0.1")
-    return Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=port,
-                                  cpu_cores=1, memory_mib=128, engine_key=engine_key)
-
-
-def routed_to(response, replica: Replica) -> bool:
-    """The gateway answered from ``replica`` (not from a view older than this test: the
-    web process's routing table may still hold the previous test's replica of a model of
-    the same name, then catch up with the flush that removed it)."""
-    return response.headers.get("x-llmgw-replica", "").startswith(f"{replica.pk}@")
 
 
 def wait_routed(client, replica: Replica) -> None:
