@@ -1,5 +1,5 @@
-"""The replica state machine: one enum, the allowed transitions written once (DESIGN,
-Decisions: "Replica states").
+"""The replica state machine: one enum, the allowed transitions written once
+(docs/architecture.md, "Replica state machine").
 
 Pure Python: the control plane's models, the planner and the agent all use it.
 """
