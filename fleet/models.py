@@ -32,8 +32,8 @@ def heard_cutoff(now: datetime, listening_since: datetime | None = None,
     """The oldest last message that still counts as heard from at ``now``, or None when
     every agent counts as heard (nobody could listen for ``lost_after_s`` yet).
 
-    The planner's lost-agent rule (``fleet.planning.planner.silent_for_s``, rule 1 of
-    ``plan``): an agent is lost once silent for more than ``lost_after_s`` seconds
+    The planner's lost-agent rule (``fleet.planning.planner.silent_for_s``;
+    docs/architecture.md, R9): an agent is lost once silent for more than ``lost_after_s`` seconds
     (default ``LLMGW_AGENT_LOST_AFTER_S``), its silence counted from the later of its last
     message and ``listening_since`` (``fleet.control.planes.listening_since``)."""
     from django.conf import settings
