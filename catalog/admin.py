@@ -134,9 +134,9 @@ class SecretKeyField(forms.CharField):
 
 
 class ModelAdminForm(forms.ModelForm):
-    """The model form with ``external_api_key`` write-only (issue 12, "secrets stay
-    secret"): shown as set / not set, replaced by typing a new key, removed with
-    ``clear_external_api_key``; left blank, the stored key stays."""
+    """The model form with ``external_api_key`` write-only (docs/architecture.md,
+    "Security": write-only secrets): shown as set / not set, replaced by typing a new key,
+    removed with ``clear_external_api_key``; left blank, the stored key stays."""
 
     external_api_key = SecretKeyField(
         required=False, max_length=500, strip=True, label="External API key",

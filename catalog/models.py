@@ -1,6 +1,7 @@
 """What the operators want: models, engine profiles and the cluster's settings.
 
-``catalog`` imports nothing from ``fleet`` or ``gateway`` (DESIGN, Layout).
+``catalog`` imports nothing from ``fleet`` or ``gateway`` (docs/architecture.md, "Dependency
+direction").
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ MAX_TOKENS_LIMIT = 100_000_000
 #: The endpoints under ``/v1/`` a model can serve, as the gateway names them (the path after
 #: ``/v1/``): the ones OpenAI's API and every engine in our presets share. Anything else
 #: under ``/v1/`` (engine-private ``/slots``, ``/props``, ``/v1/load_lora_adapter``,
-#: tokenizer endpoints…) never goes upstream (issue 12). A model's ``endpoints`` field
-#: narrows this set.
+#: tokenizer endpoints…) never goes upstream (docs/architecture.md, "Gateway rules": paths). A
+#: model's ``endpoints`` field narrows this set.
 OPENAI_ENDPOINTS = ("chat/completions", "completions", "embeddings")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -100,10 +101,10 @@ class Profile(models.Model):
 
     @property
     def protects_engine(self) -> bool:
-        """Whether its engines are started with the replica's engine key (``{api_key}`` in
-        the command or env), so that only the gateway can use them (issue 12). A custom
-        command may go without (engines that take no key): allowed, but shown as
-        unprotected in the admin and in ``llmgw explain``."""
+        """Whether its engines are started with the replica's engine key (``{api_key}`` in the
+        command or env), so that only the gateway can use them (docs/architecture.md,
+        "Security": engine keys). A custom command may go without (engines that take no key):
+        allowed, but shown as unprotected in the admin and in ``llmgw explain``."""
         return uses_api_key(self.command, self.env if isinstance(self.env, dict) else {})
 
     def clean(self) -> None:
@@ -156,8 +157,8 @@ class Model(models.Model):
 
     Served here (a ``profile`` and ``weights``) or elsewhere (an ``external_base_url``, only
     proxied). Scaling: ``min_replicas``..``max_replicas``; an ``on_demand`` model with min 0
-    runs one replica while it was asked for within its idle timeout (DESIGN, Catalog
-    semantics).
+    runs one replica while it was asked for within its idle timeout (docs/architecture.md,
+    R6).
     """
 
     name = models.CharField(max_length=128, unique=True, validators=[validate_model_name])
@@ -235,7 +236,8 @@ class Model(models.Model):
 
     @property
     def served_endpoints(self) -> frozenset[str]:
-        """The endpoints under ``/v1/`` this model serves (issue 12)."""
+        """The endpoints under ``/v1/`` this model serves (docs/architecture.md, "Gateway
+        rules": paths)."""
         return self.parse_endpoints(self.endpoints)
 
     @classmethod
@@ -436,7 +438,7 @@ class ScheduleWindow(models.Model):
 
 class Benchmark(models.Model):
     """Measured capacity of a model on a profile: the highest concurrency per replica that
-    still met the SLO (``llmgw bench``). Load scaling uses it (DESIGN, Reconciler rules)."""
+    still met the SLO (``llmgw bench``). Load scaling uses it (docs/architecture.md, R7)."""
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="benchmarks")
     profile = models.ForeignKey(Profile, on_delete=models.CASCADE, related_name="benchmarks")

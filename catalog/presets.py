@@ -10,11 +10,12 @@ replica's engine key (a fresh secret per replica that only the gateway holds).
 
 ``{api_key}`` may also appear in the profile's ``env`` values (only that placeholder is
 filled there). Every preset starts its engine with the key, so a request to an engine port
-without it is refused (issue 12). Where an engine reads the key from its environment the
-preset passes it there: a process's environment is readable only by its owner, its
-command line by every local user (``/proc/PID/cmdline``). llama-cpp-python's server reads
-``API_KEY`` (pydantic-settings), llama-server ``LLAMA_API_KEY`` (``--api-key``'s env),
-vLLM ``VLLM_API_KEY``; SGLang has no such variable and gets ``--api-key {api_key}``.
+without it is refused (docs/architecture.md, "Security": engine keys). Where an engine reads
+the key from its environment the preset passes it there: a process's environment is readable
+only by its owner, its command line by every local user (``/proc/PID/cmdline``).
+llama-cpp-python's server reads ``API_KEY`` (pydantic-settings), llama-server ``LLAMA_API_KEY``
+(``--api-key``'s env), vLLM ``VLLM_API_KEY``; SGLang has no such variable and gets
+``--api-key {api_key}``.
 
 vLLM, SGLang and llama-server are *unverified* here (no GPU on these machines): their
 command lines are snapshot-tested, not run.

@@ -2,9 +2,9 @@
 
 A window has weekdays, a local start and end time (end before start: it crosses midnight,
 the end falling on the next day), a min and an optional max. Edges: start inclusive, end
-exclusive. DST (DESIGN, Decisions): a window starting (or ending) in a skipped hour begins
-(or ends) at the first valid instant after it; in a repeated hour the first occurrence
-counts. Pure functions; no ORM.
+exclusive. DST (docs/architecture.md, "Decisions": schedules and DST): a window starting (or
+ending) in a skipped hour begins (or ends) at the first valid instant after it; in a repeated
+hour the first occurrence counts. Pure functions; no ORM.
 """
 
 from __future__ import annotations

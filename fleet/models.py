@@ -32,8 +32,8 @@ def heard_cutoff(now: datetime, listening_since: datetime | None = None,
     """The oldest last message that still counts as heard from at ``now``, or None when
     every agent counts as heard (nobody could listen for ``lost_after_s`` yet).
 
-    The planner's lost-agent rule (``fleet.planning.planner.silent_for_s``, rule 1 of
-    ``plan``): an agent is lost once silent for more than ``lost_after_s`` seconds
+    The planner's lost-agent rule (``fleet.planning.planner.silent_for_s``;
+    docs/architecture.md, R9): an agent is lost once silent for more than ``lost_after_s`` seconds
     (default ``LLMGW_AGENT_LOST_AFTER_S``), its silence counted from the later of its last
     message and ``listening_since`` (``fleet.control.planes.listening_since``)."""
     from django.conf import settings
@@ -132,8 +132,8 @@ class Agent(models.Model):
     def rekey(self) -> str:
         """Give this agent a new token and return it (clear, to show once). The old token
         stops working at once: refused on connect, and the websocket it holds is closed
-        after the commit (``fleet.groups.revoke_sessions``; issue 12, "revocation is
-        immediate")."""
+        after the commit (``fleet.groups.revoke_sessions``; docs/architecture.md, "Security":
+        revocation is immediate)."""
         token = tokens.new_token("agent")
         self.set_token(token)
         self.save(update_fields=["token_prefix", "token_sha256"])
@@ -288,8 +288,9 @@ class Replica(models.Model):
 
 
 class ModelState(models.Model):
-    """The fleet's memory of one model between passes (DESIGN: "Scaling state lives in the
-    database"): when it was last wanted, the last placement result and scaling timers."""
+    """The fleet's memory of one model between passes (docs/architecture.md, "Decisions":
+    scaling memory lives in ``ModelState``): when it was last wanted, the last placement result
+    and scaling timers."""
 
     model = models.OneToOneField(Model, on_delete=models.CASCADE, related_name="fleet_state")
     wanted_at = models.DateTimeField(null=True, blank=True)
@@ -321,9 +322,9 @@ class PassLock(models.Model):
     """One row (pk 1) that serialises reconcile passes cluster-wide.
 
     Taken with a conditional UPDATE when free or expired (works on SQLite and PostgreSQL
-    alike; DESIGN, Decisions: "Leader"). ``requested`` counts pass requests: the holder
-    releases only if no request arrived during its pass, otherwise it runs again, so a
-    request is never lost to a skipped pass.
+    alike; docs/architecture.md, "Decisions": the pass lock is a row). ``requested`` counts
+    pass requests: the holder releases only if no request arrived during its pass, otherwise it
+    runs again, so a request is never lost to a skipped pass.
     """
 
     holder = models.CharField(max_length=255, blank=True, default="")
@@ -370,7 +371,8 @@ class UsageReport(models.Model):
     """One web process's latest word on one replica: requests in flight and last use.
 
     The reconciler sums fresh reports; a replica without a fresh report has an *unknown*
-    in-flight count, never 0 (DESIGN, Decisions: "In flight, drain and idleness").
+    in-flight count, never 0 (docs/architecture.md, "Crossing processes": usage reports;
+    "Decisions": unknown is not zero).
     """
 
     process = models.CharField(max_length=255)
@@ -435,7 +437,7 @@ class ScalingEvent(models.Model):
 
 class ApiToken(models.Model):
     """A staff member's token for the REST API: stored as SHA-256, found by its visible
-    prefix (DESIGN, Decisions: "Keys and tokens"); the clear token is shown once.
+    prefix (docs/architecture.md, "Security": tokens); the clear token is shown once.
 
     A token expires ``LLMGW_API_TOKEN_TTL`` after it was issued (0: never); the expiry is
     computed from ``created_at`` on every use, so shortening the setting takes effect at

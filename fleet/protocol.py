@@ -1,5 +1,5 @@
-"""Every message between agents and the control plane, in one place (DESIGN, Agent
-protocol). JSON objects over the websocket, each with ``type`` and ``v`` (the version).
+"""Every message between agents and the control plane, in one place (docs/architecture.md,
+"Agent protocol"). JSON objects over the websocket, each with ``type`` and ``v`` (the version).
 
 Both ends import this module; it imports nothing from Django.
 """
@@ -200,7 +200,7 @@ def check_address(address: Any, *, peer_is_loopback: bool) -> str:
     operator's to trust.
 
     Returns the address (IPv6 in its compressed form); raises ProtocolError naming the
-    rule it broke (issue 12, "agents cannot lie their way in")."""
+    rule it broke (docs/architecture.md, "Agent protocol": ``check_address``)."""
     if not isinstance(address, str):
         raise ProtocolError(f"address must be a string, not {type(address).__name__}")
     if address == "":

@@ -1,5 +1,5 @@
-"""The replica state machine: one enum, the allowed transitions written once (DESIGN,
-Decisions: "Replica states").
+"""The replica state machine: one enum, the allowed transitions written once
+(docs/architecture.md, "Replica state machine").
 
 Pure Python: the control plane's models, the planner and the agent all use it.
 """
@@ -71,8 +71,8 @@ ENDED = frozenset({S.STOPPED, S.FAILED})
 
 
 def moved_when_agent_lost(state: ReplicaState | str) -> ReplicaState:
-    """The state a replica in ``state`` takes when its agent is lost (the planner's rule 1,
-    ``fleet.planning.planner.plan``): counting towards desired → ``lost``; draining →
+    """The state a replica in ``state`` takes when its agent is lost (docs/architecture.md, R9;
+    ``fleet.planning.planner.PlanningPass._lose_silent_agents``): counting towards desired → ``lost``; draining →
     ``stopping`` (on its way out anyway); anything else stays as it is."""
     state = ReplicaState(state)
     if state in COUNTS_TOWARDS_DESIRED:

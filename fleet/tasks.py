@@ -1,5 +1,6 @@
 """django-q2 tasks: the self-re-enqueuing reconcile tick, immediate passes and the
-one-minute watchdog that restarts the tick chain (DESIGN, Decisions: "Reconcile cadence")."""
+one-minute watchdog that restarts the tick chain (docs/architecture.md, "Decisions":
+cadence is a self-re-enqueuing task plus a watchdog)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which paths under ``/v1/`` go upstream: exactly the OpenAI endpoints the gateway serves
-(issue 12, "Only the OpenAI endpoints go upstream").
+(docs/architecture.md, "Gateway rules": paths).
 
 The set is :data:`catalog.models.OPENAI_ENDPOINTS` (``chat/completions``, ``completions``,
 ``embeddings``); a model's ``endpoints`` field may narrow it. A request path is matched by

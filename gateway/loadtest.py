@@ -4,7 +4,7 @@ Ramp concurrency 1, 2, 4, … ; at each step send streamed chat requests with re
 prompts, measure TTFT (first content chunk) and TPOT (time per output token after the
 first), and stop at the first step that misses the SLO. The highest step that met it,
 divided by the ready replicas, is the measured max concurrency per replica that load
-scaling uses (DESIGN, Reconciler rules: "measured capacity").
+scaling uses (docs/architecture.md, R7: "measured capacity").
 """
 
 from __future__ import annotations

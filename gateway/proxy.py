@@ -412,7 +412,8 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
         tried.add(endpoint.replica_id)
         live.begin_request(endpoint.replica_id)
         try:
-            # The replica's engine key, never the client's credentials (issue 12).
+            # The replica's engine key, never the client's credentials (docs/architecture.md,
+            # "Gateway rules": external models; "Security": engine keys).
             upstream = await _open(f"{endpoint.url}/v1/{path}", content,
                                    {**headers, "authorization": f"Bearer {endpoint.key}"} if endpoint.key else headers)
             break
@@ -450,7 +451,8 @@ async def _forward(model: Model | cache.CachedModel, path: str, endpoint: Endpoi
 def relayed_header(name: str, connection: str = "") -> bool:
     """Whether an upstream response header ``name`` may reach the client (see
     ``_HOP_BY_HOP`` and ``_UNSAFE_RESPONSE_HEADERS``); ``connection`` is the upstream's
-    ``Connection`` header, whose listed names are hop-by-hop too (issue 12)."""
+    ``Connection`` header, whose listed names are hop-by-hop too (docs/architecture.md,
+    "Security": edges)."""
     lowered = name.lower()
     if lowered in _HOP_BY_HOP or lowered in _UNSAFE_RESPONSE_HEADERS or lowered == "content-type":
         return False

@@ -1,7 +1,7 @@
 """The data directory (``LLMGW_DATA_DIR``) and the files llmgw keeps in it, private to the
-user llmgw runs as (issue 12, "secrets stay secret"): the directory is 0700, its files
-0600 — the secret key, the admin password, the demo API key, the metrics token, the SQLite
-database with its ``-wal``/``-shm``, the local agent's state and logs.
+user llmgw runs as (docs/architecture.md, "Security": data directory): the directory is 0700,
+its files 0600 — the secret key, the admin password, the demo API key, the metrics token, the
+SQLite database with its ``-wal``/``-shm``, the local agent's state and logs.
 
 Imported by the settings, before Django is set up: no Django imports here.
 """

@@ -1,5 +1,6 @@
-"""uvicorn's httptools protocol with a deadline for request heads (issue 12: a request
-that does not finish sending its headers in time is closed).
+"""uvicorn's httptools protocol with a deadline for request heads (docs/architecture.md,
+"Gateway rules": body limits; a request that does not finish sending its headers in time
+is closed).
 
 uvicorn closes idle keep-alive connections (``--timeout-keep-alive``) but has no header
 timeout: a client that opens a connection and sends nothing, or trickles its request line

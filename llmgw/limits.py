@@ -1,5 +1,5 @@
-"""Request bodies bounded before any work (issue 12, "Bodies and connections are bounded
-before work"): an ASGI wrapper in front of Django for every HTTP request.
+"""Request bodies bounded before any work (docs/architecture.md, "Gateway rules":
+body limits): an ASGI wrapper in front of Django for every HTTP request.
 
 * A declared ``Content-Length`` over the limit is answered 413 at once, without reading
   the body (no ``100 Continue`` is sent; what the client sends anyway is dropped).

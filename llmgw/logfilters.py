@@ -25,8 +25,8 @@ class RedactQuerySecrets(logging.Filter):
     ``key=``, ``password=``, ``access_token=``…) in uvicorn's request lines (``uvicorn.access``
     for HTTP, ``uvicorn.error`` for websockets: ``"WebSocket /ws/agent/?token=…" 403``): llmgw reads
     tokens and keys only from headers and refuses them in a URL, but a client that put one
-    there anyway (an old agent, a script) must not leave it in the log (issue 12, "agent
-    tokens never in a log line"). Installed on both loggers by ``llmgw.asgi``."""
+    there anyway (an old agent, a script) must not leave it in the log (docs/architecture.md,
+    "Security": secrets stay out of logs). Installed on both loggers by ``llmgw.asgi``."""
 
     PATTERN = re.compile(r"(?i)([?&][^=&#\s]*(?:token|key|password|secret|auth)[^=&#\s]*=)[^&#\s]*")
 

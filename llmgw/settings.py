@@ -259,7 +259,8 @@ LLMGW_UPSTREAM_READ_TIMEOUT_S = env_duration_s("UPSTREAM_READ_TIMEOUT", 600.0)
 #: and the largest single event of a stream: beyond it the answer is cut off (502, or an
 #: error event), so that no upstream can fill the web process's memory.
 LLMGW_MAX_UPSTREAM_BODY_BYTES = env_int("MAX_UPSTREAM_BODY_BYTES", 256 * 1024 * 1024, minimum=1024)
-# --- bounds on what a client may send (issue 12; enforced by llmgw.limits and llmgw.http) ---
+# --- bounds on what a client may send, enforced by llmgw.limits and llmgw.http ---
+# (docs/architecture.md, "Gateway rules": body limits, connections are bounded before work)
 #: The largest request body under /v1/, in bytes: 413 from Content-Length at once, or as
 #: soon as a streamed (chunked) body passes it, before Django or authentication.
 LLMGW_MAX_BODY_BYTES = env_int("MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)

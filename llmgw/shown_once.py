@@ -3,7 +3,7 @@
 The secret is rendered in the response to the request that created it and kept nowhere:
 not in Django's messages (the default storage is a cookie, so the secret would sit in the
 browser's cookie jar and in any proxy log), not in the session. ``Cache-Control: no-store``
-keeps it out of caches (issue 12, "keys shown once are not carried in a cookie").
+keeps it out of caches (docs/architecture.md, "Security": shown-once secrets).
 """
 
 from __future__ import annotations

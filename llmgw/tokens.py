@@ -1,6 +1,6 @@
-"""High-entropy tokens stored as SHA-256, looked up by a short visible prefix (DESIGN,
-Decisions: "Keys and tokens"). Not Django's password hashers: thousands of PBKDF2 rounds
-per request or reconnect would cripple the gateway and the agents.
+"""High-entropy tokens stored as SHA-256, looked up by a short visible prefix
+(docs/architecture.md, "Security": tokens, and "Decisions"). Not Django's password hashers:
+thousands of PBKDF2 rounds per request or reconnect would cripple the gateway and the agents.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def new_token(kind: str) -> str:
 def new_engine_key() -> str:
     """A fresh per-replica engine key (``secrets.token_urlsafe(32)``: 43 URL-safe
     characters). The agent starts the replica's engine with it and only the gateway sends
-    it, so an engine port cannot be used around the gateway (issue 12). Stored in clear on
-    the Replica row: the gateway must present it, not merely check it."""
+    it, so an engine port cannot be used around the gateway (docs/architecture.md, "Security":
+    engine keys). Stored in clear on the Replica row: the gateway must present it, not merely
+    check it."""
     return secrets.token_urlsafe(32)
 
 
@@ -71,8 +72,8 @@ def find_by_token(candidates: Iterable[T], token: str, hash_attr: str = "sha256"
     matches ``token``, compared in constant time; None for none, or for an empty token.
 
     ``candidates`` are the rows (or cached entries) found by the token's visible prefix —
-    ``filter(prefix=token_prefix(token))`` — the first step of every lookup (DESIGN,
-    Decisions: "Keys and tokens"); a candidate with no stored hash never matches.
+    ``filter(prefix=token_prefix(token))`` — the first step of every lookup
+    (docs/architecture.md, "Security": tokens); a candidate with no stored hash never matches.
     Revocation, expiry and the like are the caller's to check on what is returned."""
     if not token:
         return None

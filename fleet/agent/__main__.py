@@ -50,7 +50,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"llmgw agent: --port-range {args.port_range!r} is not LOW-HIGH", file=sys.stderr)
         return 2
-    # Engines listen on the advertised address only (issue 12; EngineManager.bind_host):
+    # Engines listen on the advertised address only (docs/architecture.md, "Decisions": the
+    # agent advertises its address; EngineManager.bind_host):
     # without --advertise-address, the address this agent reaches the control plane from,
     # known once connected. --bind-host overrides it.
     bind = args.bind_host.strip()

@@ -6,10 +6,10 @@ the agent, which would break when the agent re-executes) and is recorded in a st
 (pid, process start time, address, port, served name, its spec with the engine key; mode
 0600) so a restarted agent can adopt it.
 
-Engines are reachable only through the gateway (issue 12): each listens on the address the
-agent advertises (never every interface unless ``--bind-host`` says so), is started with
-its replica's engine key, which the probes here send too, and inherits none of the agent's
-secrets (:func:`engine_environment`).
+Engines are reachable only through the gateway (docs/architecture.md, "Security": engine keys):
+each listens on the address the agent advertises (never every interface unless ``--bind-host``
+says so), is started with its replica's engine key, which the probes here send too, and
+inherits none of the agent's secrets (:func:`engine_environment`).
 """
 
 from __future__ import annotations
@@ -140,13 +140,13 @@ BIND_OVERRIDES = ("HOST", "PORT")
 
 def engine_environment(inherited: dict[str, str], profile_env: dict[str, str] | None, gpus: str,
                        api_key: str) -> dict[str, str]:
-    """The environment an engine starts with (issue 12, "engines do not inherit secrets"):
-    ``inherited`` (the agent's environment) without any ``LLMGW_*`` variable and without
-    ``HOST``/``PORT``, then the profile's env with ``{api_key}`` in its values replaced by
-    the replica's key, then ``CUDA_VISIBLE_DEVICES`` (the GPUs assigned, "" for none).
-    Without a key (a control plane from before engine keys) a variable that would hold
-    only the key is left out rather than set empty (an empty key means "no key" to some
-    engines and an impossible one to others)."""
+    """The environment an engine starts with (docs/architecture.md, "Security": engine keys;
+    engines inherit none of the agent's secrets): ``inherited`` (the agent's environment)
+    without any ``LLMGW_*`` variable and without ``HOST``/``PORT``, then the profile's env with
+    ``{api_key}`` in its values replaced by the replica's key, then ``CUDA_VISIBLE_DEVICES``
+    (the GPUs assigned, "" for none). Without a key (a control plane from before engine keys) a
+    variable that would hold only the key is left out rather than set empty (an empty key means
+    "no key" to some engines and an impossible one to others)."""
     env = {k: v for k, v in inherited.items()
            if not k.upper().startswith(SECRET_PREFIXES) and k.upper() not in BIND_OVERRIDES}
     for name, value in (profile_env or {}).items():

@@ -1,7 +1,7 @@
 """Reading an engine's own load from its Prometheus metrics endpoint.
 
 A metric that is missing, unparsable or unreachable is *unknown* (None), never 0
-(DESIGN, Reconciler rules: the deliberate departure from the seed).
+(docs/architecture.md, R7, and "Decisions": unknown is not zero).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Usage reports from the web processes: last use (forwards only) and in-flight counts.
 
-The seed's rules, restated: a late or duplicate report never moves a time backwards; a
+The rules of docs/architecture.md, R6: a late or duplicate report never moves a time backwards; a
 replica missing from a report keeps its time; never told (None) is not idle; use keeps an
 on-demand model's demand alive, so its idle timeout counts from the last request.
 """

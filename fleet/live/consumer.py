@@ -1,13 +1,14 @@
 """The agents' websocket at ``/ws/agent/``: token checked on connect, then hello, status and
 heartbeats in; the full desired set (``assign``) and ``restart_agent`` out.
 
-What an agent may not do (issue 12): authenticate other than with ``Authorization: Bearer``
-(query strings end up in access logs); keep its socket once its token was re-keyed or it was
-deleted (``fleet.groups.revoke_sessions`` closes it through the channel layer, and the consumer
-re-checks its token on heartbeats for when no shared layer reaches it); advertise an address
-that is not an IP or host name; take the consumer down with binary frames or pathological
-JSON. If the consumer fails anyway, the agent's row is marked disconnected and the socket
-closed, so a row never says connected without a live socket.
+What an agent may not do (docs/architecture.md, "Agent protocol" and "Security"): authenticate
+other than with ``Authorization: Bearer`` (query strings end up in access logs); keep its
+socket once its token was re-keyed or it was deleted (``fleet.groups.revoke_sessions`` closes
+it through the channel layer, and the consumer re-checks its token on heartbeats for when no
+shared layer reaches it); advertise an address that is not an IP or host name; take the
+consumer down with binary frames or pathological JSON. If the consumer fails anyway, the
+agent's row is marked disconnected and the socket closed, so a row never says connected without
+a live socket.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
 * one for each model's pass outcome (unservable + reason, replicas coming up) and the
   cluster's stopped flag;
 * one for the generations of the agents connected to this process → push ``assign`` to
-  those whose desired set moved (DESIGN, "Crossing processes");
+  those whose desired set moved (docs/architecture.md, "Crossing processes": generations);
 * every ``LLMGW_AGENT_TOKEN_RECHECK``, one query for the token hashes of those agents →
-  close the websockets of the re-keyed or deleted ones, silent ones included (issue 12: a
-  re-key in another process reaches no in-memory channel layer);
+  close the websockets of the re-keyed or deleted ones, silent ones included (docs/architecture.md,
+  "Crossing processes": token re-check; a re-key in another process reaches no in-memory
+  channel layer);
 * a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``;
 * the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
   registration as a control plane.

@@ -3,8 +3,8 @@ mean, for every surface that shows the cluster — ``llmgw status`` and the REST
 (``fleet.ops.operations.cluster_status``), the dashboard (``fleet.ops.dashboard.load``),
 ``explain`` (``fleet.ops.explain.explain_model``) and ``/metrics`` (``fleet.ops.metrics``).
 
-The definitions follow the planner, which is the truth of what happens (rule 1 of
-``fleet.planning.planner.plan``):
+The definitions follow the planner, which is the truth of what happens (its lost-agent rule,
+docs/architecture.md, R9; ``fleet.planning.planner.PlanningPass._lose_silent_agents``):
 
 * an agent is **heard from** unless silent for more than ``LLMGW_AGENT_LOST_AFTER_S``, its
   silence counted from the later of its last message and the instant the control plane

@@ -48,7 +48,8 @@ def explain_model(model: Model) -> dict:
         "last_failure": failed[0].error if failed else None,
         "on_demand": model.on_demand,
         "external": model.is_external,
-        # Issue 12: without {api_key} its engines serve anyone who reaches their ports.
+        # Without {api_key} its engines serve anyone who reaches their ports (docs/architecture.md,
+        # "Security": engine keys).
         "engine_protected": model.profile.protects_engine if model.profile_id and not model.is_external else None,
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,

@@ -255,8 +255,9 @@ class _Slice:
     """At most ``length`` bytes of an open file, from where it stands. With
     ``still_allowed``, asked at most every ``LLMGW_AGENT_TOKEN_RECHECK`` seconds: once it
     says no (the agent was re-keyed or deleted), the body ends there, short of its
-    ``Content-Length``, so the server cuts the connection (issue 12, "revocation is
-    immediate everywhere": a download of gigabytes would otherwise outlive the token)."""
+    ``Content-Length``, so the server cuts the connection (docs/architecture.md,
+    "Security": revocation is immediate; a download of gigabytes would otherwise outlive the
+    token)."""
 
     def __init__(self, fh, length: int, still_allowed: Callable[[], bool] | None = None) -> None:
         self.fh, self.left = fh, length

@@ -1,9 +1,9 @@
 """Load scaling between a model's base and its ceiling: pure rules on an injected clock.
 
-The seed's reconciler is the reference, with one deliberate departure (docs/architecture.md, R7): a load that
-is missing, stale or unparsable is *unknown*, which neither scales up nor down and resets
-the model's busy/quiet timers — the seed read it as zero, which scales down under a broken
-metrics endpoint.
+The rules are docs/architecture.md's R7, with one deliberate departure from the seed
+(docs/architecture.md, "Decisions": unknown is not zero): a load that is missing, stale or
+unparsable is *unknown*, which neither scales up nor down and resets the model's busy/quiet
+timers — the seed read it as zero, which scales down under a broken metrics endpoint.
 
 * Busy: requests waiting at the engines per ready replica ≥ the threshold, or (with a
   measured capacity) more requests in flight than capacity × replicas. Busy for

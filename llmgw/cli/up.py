@@ -61,12 +61,13 @@ def web_argv(host: str, port: int, access_log: bool = True, max_connections: int
     Websockets (the agents) run on the `websockets` library; the lifespan shutdown
     flushes usage (``llmgw.asgi``).
 
-    Bounded (issue 12): at most ``max_connections`` connections (``LLMGW_MAX_CONNECTIONS``;
-    uvicorn answers 503 beyond it; websockets and held requests count), a listen queue of
-    ``backlog`` (``LLMGW_BACKLOG``), idle keep-alive connections closed after
-    ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``, rounded up to whole seconds), and
-    request heads that must be complete within ``LLMGW_HEADER_TIMEOUT``
-    (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web process)."""
+    Bounded (docs/architecture.md, "Gateway rules": connections are bounded before work): at
+    most ``max_connections`` connections (``LLMGW_MAX_CONNECTIONS``; uvicorn answers 503 beyond
+    it; websockets and held requests count), a listen queue of ``backlog`` (``LLMGW_BACKLOG``),
+    idle keep-alive connections closed after ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``,
+    rounded up to whole seconds), and request heads that must be complete within
+    ``LLMGW_HEADER_TIMEOUT`` (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web
+    process)."""
     max_connections = settings.LLMGW_MAX_CONNECTIONS if max_connections is None else max_connections
     backlog = settings.LLMGW_BACKLOG if backlog is None else backlog
     keep_alive_s = settings.LLMGW_KEEP_ALIVE_TIMEOUT_S if keep_alive_s is None else keep_alive_s
@@ -115,7 +116,7 @@ def ensure_admin(stdout) -> tuple[str, str | None]:
     (``LLMGW_ADMIN_PASSWORD``, else the one kept in the data directory, else a new random
     one, then kept there, mode 600). An existing user's password is never reset: returns
     ``("admin", password)`` while the kept one still works, else ``("admin", None)`` and
-    says so — an operator changed it (issue 12)."""
+    says so — an operator changed it (docs/architecture.md, "Security": exposure)."""
     users = get_user_model()
     path = Path(settings.DATA_DIR) / "admin_password"
     supplied = os.environ.get("LLMGW_ADMIN_PASSWORD", "")
@@ -279,11 +280,11 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(host: str, stdout, stderr) -> int:
-    """The safe defaults of a server others can reach (issue 12). On a non-loopback
-    ``host``: warn; refuse (returns 2) without ``LLMGW_ALLOWED_HOSTS``; unless
-    ``LLMGW_METRICS_TOKEN`` or ``LLMGW_METRICS_PUBLIC=1`` is set, protect /metrics with a
-    token generated once into the data directory (the web process reads it from there) and
-    say how Prometheus sends it. Returns 0 to go on."""
+    """The safe defaults of a server others can reach (docs/architecture.md, "Security":
+    exposure). On a non-loopback ``host``: warn; refuse (returns 2) without
+    ``LLMGW_ALLOWED_HOSTS``; unless ``LLMGW_METRICS_TOKEN`` or ``LLMGW_METRICS_PUBLIC=1`` is
+    set, protect /metrics with a token generated once into the data directory (the web process
+    reads it from there) and say how Prometheus sends it. Returns 0 to go on."""
     if is_loopback(host):
         kept = Path(settings.LLMGW_METRICS_TOKEN_FILE)
         if not settings.LLMGW_METRICS_PUBLIC and not os.environ.get("LLMGW_METRICS_TOKEN") and kept.exists():
