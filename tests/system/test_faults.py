@@ -228,7 +228,12 @@ def test_a_partition_longer_than_the_grace_moves_the_replica_and_the_duplicate_s
         assert state_of(first) == "lost"
         time.sleep(0.5)
         link.resume()
-        wait_until(lambda: state_of(first) == "stopped", timeout_s=30, what="the returning duplicate to stop")
+        try:
+            wait_until(lambda: state_of(first) == "stopped", timeout_s=30, what="the returning duplicate to stop")
+        except TimeoutError:
+            rows = list(Replica.objects.filter(model=model).values_list("id", "agent__name", "state", "reason",
+                                                                         "ready_at", "state_changed_at"))
+            pytest.fail(f"the returning duplicate did not stop within 30 s: {rows}\n{fleet.logs()}")
         wait_until(lambda: not alive(first.pid), timeout_s=10, what="its engine to exit")
         time.sleep(0.5)
     no_500(traffic, {200, 503})
