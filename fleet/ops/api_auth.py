@@ -63,3 +63,16 @@ class HashedTokenScheme(OpenApiAuthenticationExtension):
     def get_security_definition(self, auto_schema):
         return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "`Token llmgw-api-…` from POST /api/auth/token/ (Bearer works too)."}
+
+
+class ThrottledBasicScheme(OpenApiAuthenticationExtension):
+    """HTTP basic auth (a staff user's name and password, throttled like the admin's login)
+    in the OpenAPI schema; without it drf-spectacular warns once per view and leaves the
+    scheme out, so the schema would not show a way the API accepts."""
+
+    target_class = "fleet.ops.api_auth.ThrottledBasicAuthentication"
+    name = "basicAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "basic",
+                "description": "A staff user's name and password (failed attempts are throttled)."}

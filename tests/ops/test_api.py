@@ -468,3 +468,17 @@ def test_explain_and_the_admin_say_when_a_profiles_engines_are_unprotected(world
     guarded = admin_client.get(f"/admin/catalog/profile/{world['profile'].pk}/change/").content.decode()
     assert "UNPROTECTED" not in guarded and "only the gateway can use them" in guarded
     assert "Put {api_key} in the command" in admin_client.get("/admin/catalog/profile/add/").content.decode()
+
+
+def test_the_schema_names_every_way_in_without_a_warning(tmp_path):
+    """Token and basic auth both appear as security schemes; drf-spectacular warns (and
+    leaves a scheme out) for an authenticator it cannot describe."""
+    import yaml
+    from django.core.management import call_command
+
+    path = tmp_path / "schema.yaml"
+    call_command("spectacular", "--fail-on-warn", "--file", str(path))
+    schemes = yaml.safe_load(path.read_text())["components"]["securitySchemes"]
+    assert schemes["basicAuth"] == {"type": "http", "scheme": "basic",
+                                    "description": "A staff user's name and password (failed attempts are throttled)."}
+    assert schemes["llmgwToken"]["type"] == "apiKey"
