@@ -16,6 +16,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from catalog.models import KEY_STAYS_WITH_ITS_URL, Model, Profile, ScheduleWindow
+from llmgw.rest import RefuseUnknownFields
 
 
 class FullCleanMixin:
@@ -44,7 +45,7 @@ class FullCleanMixin:
         return attrs
 
 
-class ProfileSerializer(FullCleanMixin, serializers.ModelSerializer):
+class ProfileSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     class Meta:
         model = Profile
         fields = ["id", "name", "engine", "command", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib",
@@ -52,7 +53,7 @@ class ProfileSerializer(FullCleanMixin, serializers.ModelSerializer):
                   "notes"]
 
 
-class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
+class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     """A catalog model. ``external_api_key`` is write-only (``external_api_key_set`` says
     whether one is stored), and changing ``external_base_url`` needs it given again (or
     empty); ``desired`` and ``reason`` are the last reconcile pass's word."""
@@ -98,7 +99,7 @@ class ModelSerializer(FullCleanMixin, serializers.ModelSerializer):
         return state.reason if state else ""
 
 
-class ScheduleWindowSerializer(FullCleanMixin, serializers.ModelSerializer):
+class ScheduleWindowSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     class Meta:
         model = ScheduleWindow
         fields = ["id", "model", "weekdays", "start", "end", "min_replicas", "max_replicas"]

@@ -7,9 +7,10 @@ from rest_framework import serializers
 from catalog.models import Model
 from catalog.serializers import FullCleanMixin
 from gateway.models import ApiKey
+from llmgw.rest import RefuseUnknownFields
 
 
-class ApiKeySerializer(FullCleanMixin, serializers.ModelSerializer):
+class ApiKeySerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     """A /v1/ key. ``allowed_models`` are model names; empty means every model."""
 
     allowed_models = serializers.SlugRelatedField(

@@ -33,8 +33,10 @@ class HashedTokenAuthentication(BaseAuthentication):
 
     def authenticate(self, request):
         token = tokens.token_from_authorization(request.META.get("HTTP_AUTHORIZATION"), schemes=("token", "bearer"))
-        if token is None or not token.startswith("llmgw-api-"):
+        if token is None:
             return None  # not ours (e.g. basic auth or another scheme)
+        if not token.startswith("llmgw-api-"):  # our schemes, but not one of our tokens
+            raise exceptions.AuthenticationFailed("Invalid token.")
         row = tokens.find_by_token(ApiToken.objects.select_related("user").filter(prefix=tokens.token_prefix(token)),
                                    token)
         if row is None:

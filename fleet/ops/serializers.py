@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from fleet.models import Agent, Gpu, Replica
 from fleet.ops import cluster as read
+from llmgw.rest import RefuseUnknownFields
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -15,7 +16,7 @@ class GpuSerializer(serializers.ModelSerializer):
         fields = ["index", "uuid", "name", "memory_total_mib", "memory_used_mib"]
 
 
-class AgentSerializer(serializers.ModelSerializer):
+class AgentSerializer(RefuseUnknownFields, serializers.ModelSerializer):
     """An agent as operators see it. ``connected`` is true only while it is heard from
     (the stored flag alone can be stale); its token is never shown after creation."""
 

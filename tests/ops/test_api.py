@@ -482,3 +482,29 @@ def test_the_schema_names_every_way_in_without_a_warning(tmp_path):
     assert schemes["basicAuth"] == {"type": "http", "scheme": "basic",
                                     "description": "A staff user's name and password (failed attempts are throttled)."}
     assert schemes["llmgwToken"]["type"] == "apiKey"
+
+
+@pytest.mark.parametrize("header", ["Token wrong", "Bearer wrong", "token llmgw-api-wrong"])
+def test_a_bad_token_is_called_invalid_not_missing(client, header):
+    """Whatever follows our schemes, a token that is not one of ours is "Invalid token.",
+    never "credentials were not provided" (which sends people looking for a header bug)."""
+    answer = client.get("/api/models/", HTTP_AUTHORIZATION=header)
+    assert answer.status_code == 401
+    assert answer.json() == {"detail": "Invalid token."}
+    assert answer["WWW-Authenticate"] == "Token"
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/keys/", {"name": "carol", "models": ["lazy"]}),  # the field is allowed_models
+    ("/api/models/", {"name": "m2", "profile": None, "weights": "file:/dev/null", "replicas": 2}),
+    ("/api/agents/", {"name": "gpu-9", "cordon": True}),
+])
+def test_a_field_the_api_does_not_know_is_refused_and_nothing_is_created(staff, world, path, body):
+    """A misspelt field is a 400 naming it and the real fields, never silently dropped
+    (a key meant for one model would otherwise serve every model)."""
+    before = staff.get(path).json()
+    answer = staff.post(path, body, format="json")
+    assert answer.status_code == 400, answer.content
+    unknown = next(name for name in body if name in answer.json())
+    assert answer.json()[unknown][0].startswith("Unknown field: the fields are ")
+    assert staff.get(path).json() == before
