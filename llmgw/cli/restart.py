@@ -79,7 +79,8 @@ def run(options, stdout, stderr) -> int:
 
     available, why = systemd_available()
     if not available:
-        stderr.write(f"this machine ({me}): {why}; restart its web and worker processes yourself\n")
+        stderr.write(f"this machine ({me}): {why}; restart its web and worker processes yourself "
+                     "(under `llmgw up`: stop it with Ctrl-C and run it again)\n")
         return NO_SYSTEMD if code == OK else code
     stdout.write(f"this machine ({me}): systemctl restart {UNITS['web']} {UNITS['worker']}\n")
     done = systemctl("restart", UNITS["web"], UNITS["worker"])

@@ -20,7 +20,7 @@ def systemd_available() -> tuple[bool, str]:
     state = state[0] if state else ""
     if state in ("running", "degraded", "starting", "initializing", "maintenance"):
         return True, ""
-    return False, f"systemd is not running this machine (systemctl says: {state or 'nothing'})"
+    return False, f"systemd does not manage this machine's services (systemctl says: {state or 'nothing'})"
 
 
 def systemctl(*args: str) -> subprocess.CompletedProcess:

@@ -169,7 +169,7 @@ def test_service_without_systemd_is_a_clear_message_and_exit_3(tmp_path, monkeyp
     fake_bin(tmp_path, "systemctl", 'echo offline; exit 1\n')
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     code, out, err = llmgw("service", "status")
-    assert code == 3 and "systemd is not running this machine" in err and "Traceback" not in err
+    assert code == 3 and "systemd does not manage this machine's services" in err and "Traceback" not in err
 
 
 def test_service_drives_systemctl(tmp_path, monkeypatch):
@@ -231,6 +231,18 @@ def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_pat
     assert [line.split()[3] if line.startswith("ssh") else "self" for line in lines] == ["cp-a", "cp-b", "cp-leader", "self"]
     assert lines[-1] == "systemctl restart llmgw-web.service llmgw-worker.service"
     assert Agent.objects.get(pk=agent.pk).restart_generation == 1
+
+
+def test_restart_without_systemd_says_how_to_restart_up_and_exits_3(tmp_path, monkeypatch, fleet):
+    fake_bin(tmp_path, "systemctl", "echo offline\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    agent = fleet[0]
+    Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() + timezone.timedelta(seconds=5))
+    code, out, err = llmgw("restart", "--timeout-s", "2")
+    assert code == 3, err
+    assert "systemd does not manage this machine's services (systemctl says: offline)" in err
+    assert "under `llmgw up`: stop it with Ctrl-C and run it again" in err and "Traceback" not in err
+    assert Agent.objects.get(pk=agent.pk).restart_generation == 1  # the agents were still asked
 
 
 def test_admin_stops_the_cluster_only_after_confirmation(admin_client):
