@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from catalog import engine_code
 from catalog.models import Model, Profile, ScheduleWindow
 from catalog.serializers import ModelSerializer, ProfileSerializer, ScheduleWindowSerializer
+from llmgw.integers import id_from_text
 
 
 def int_param(request, name: str) -> int | None:
@@ -27,9 +28,10 @@ def int_param(request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    number = id_from_text(raw)
+    if number is None:
         raise ValidationError({name: [f"'{raw}' is not an id."]})
-    return int(raw)
+    return number
 
 
 class ProtectedDestroyMixin:

@@ -15,7 +15,7 @@ from catalog.models import Model, Profile
 from llmgw import tokens
 from llmgw.process_name import this_process
 from fleet import groups
-from fleet.states import HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, check_transition
+from fleet.states import LIVE, NOT_STOPPED, ReplicaState, check_transition
 
 
 def engine_url(address: str, port: int | None) -> str:
@@ -191,10 +191,6 @@ class ReplicaQuerySet(models.QuerySet):
     def in_states(self, states) -> "ReplicaQuerySet":
         """Replicas whose stored state is one of ``states`` (ReplicaState members)."""
         return self.filter(state__in=[ReplicaState(s).value for s in states])
-
-    def holding_resources(self) -> "ReplicaQuerySet":
-        """Replicas whose GPUs, cores and memory count as taken (placing … stopping)."""
-        return self.in_states(HOLDS_RESOURCES)
 
     def live(self) -> "ReplicaQuerySet":
         """What an operator sees as the cluster: holding resources, or lost."""

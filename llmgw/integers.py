@@ -29,3 +29,17 @@ def count_or_none(value: object, maximum: int = INT32_MAX, *, strict: bool = Tru
     except (TypeError, ValueError, OverflowError):
         return None
     return number if 0 <= number <= maximum else None
+
+
+#: The largest value a 64-bit signed column holds (a Django ``BigAutoField`` id).
+INT64_MAX = 2**63 - 1
+
+
+def id_from_text(text: str, maximum: int = INT64_MAX) -> int | None:
+    """A row id written in a query string: ASCII digits only (``str.isdigit`` also takes
+    "²" and Arabic-Indic digits, which ``int`` then refuses or reads), ``0..maximum``;
+    None for anything else. Raises nothing."""
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    number = int(text)
+    return number if number <= maximum else None

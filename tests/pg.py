@@ -1,6 +1,6 @@
 """PostgreSQL and Redis for tests: a private PostgreSQL instance that a fault test may stop
 and restart (never the machine's shared server), and the rule for services that are absent:
-a failure naming what is missing, never a skip (DESIGN, "Testing on these machines")."""
+a failure naming what is missing, never a skip (docs/architecture.md, "Testing")."""
 
 from __future__ import annotations
 

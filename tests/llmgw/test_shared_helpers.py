@@ -153,3 +153,11 @@ def test_a_lenient_count_reads_what_int_reads_within_its_maximum(value, expected
 def test_the_process_name_is_host_colon_pid_of_the_caller():
     assert this_process() == (socket.gethostname(), os.getpid())
     assert process_name() == f"{socket.gethostname()}:{os.getpid()}"
+
+
+def test_an_id_from_text_is_ascii_digits_within_64_bits():
+    from llmgw.integers import INT64_MAX, id_from_text
+
+    assert id_from_text("42") == 42 and id_from_text(str(INT64_MAX)) == INT64_MAX
+    for text in ("", "²", "١٢", "-1", "+1", " 1", "1.0", str(INT64_MAX + 1)):
+        assert id_from_text(text) is None, text

@@ -289,6 +289,9 @@ def test_replicas_filter_by_state_and_refuse_a_bad_one(world, staff):
     assert page["count"] == 1 and page["results"][0]["agent_name"] == "gpu-1"
     assert staff.get("/api/replicas/?state=sleepy").status_code == 400
     assert staff.get("/api/replicas/?model=x").json() == {"model": ["'x' is not an id."]}
+    for not_an_id in ("²", "١٢", "-1", "9" * 19):  # digits int() refuses or reads; a sign; too big
+        answer = staff.get("/api/replicas/", {"model": not_an_id})
+        assert answer.status_code == 400 and answer.json() == {"model": [f"'{not_an_id}' is not an id."]}
 
 
 def test_cluster_stop_and_start(staff):

@@ -140,7 +140,7 @@ def test_a_crowded_spell_as_long_as_scale_up_after_restarts_the_quiet_timer():
 
 
 def test_with_a_measured_capacity_any_crowded_pass_restarts_the_quiet_timer():
-    # Measured 4: 4 running would crowd one replica (> 2.8). DESIGN's rule, pass by pass.
+    # Measured 4: 4 running would crowd one replica (> 2.8). The 70% rule (docs/architecture.md, R7), pass by pass.
     samples = [(0, quiet(2, 0)), (100, quiet(2, 4)), (110, quiet(2, 0)), (300, quiet(2, 0)), (409, quiet(2, 0)),
                (410, quiet(2, 0))]
     taken, _ = run(samples, measured=4, state=ScalingState(extra=1))
