@@ -249,7 +249,7 @@ def manage_cmd(command: str) -> str:
     return f"{prefix}{python} manage.py llmgw {command}"
 
 
-def port_free(host: str, port: int) -> bool:
+def can_listen(host: str, port: int) -> bool:
     """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
     IPv6 too); a host that is not this machine's counts as taken, as before."""
     try:
@@ -316,7 +316,7 @@ def run(options, stdout, stderr) -> int:
     exposure = check_exposure(options["host"], stdout, stderr)
     if exposure:
         return exposure
-    if not port_free(options["host"], options["port"]):
+    if not can_listen(options["host"], options["port"]):
         stderr.write(f"llmgw up: {options['host']}:{options['port']} is already in use "
                      "(another llmgw up?); choose another with --port\n")
         return 1
