@@ -32,6 +32,14 @@ def short_grace(settings):
     settings.LLMGW_AGENT_LOST_AFTER_S = LOST_AFTER_S
 
 
+@pytest.fixture(autouse=True)
+def no_control_planes():
+    """Each test says which web processes were listening: a row left by an earlier test's
+    processes (committed on PostgreSQL) would make ``listening_since`` "now" — nobody
+    could hear the agents — and every silent agent alive."""
+    ControlPlane.objects.all().delete()
+
+
 def agent(name: str, *, connected: bool = True, seen_s_ago: float | None = 0.0) -> Agent:
     seen = None if seen_s_ago is None else timezone.now() - timedelta(seconds=seen_s_ago)
     return Agent.objects.create(name=name, connected=connected, last_seen_at=seen, cpu_cores=8, memory_mib=16384,
