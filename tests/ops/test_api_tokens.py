@@ -193,7 +193,7 @@ def test_guesses_in_flight_at_once_count_before_their_passwords_are_checked(ops,
         thread.join(10)
     # The claim is a bound: never more than the limit. Fewer may get through when guesses
     # race (a refused one holds its count until it takes it back), never none.
-    assert 1 <= len(entered) <= 5, f"{len(entered)} guesses reached the password check"
+    assert 0 < len(entered) <= 5, f"{len(entered)} guesses reached the password check"
     refused = 400 if how == "token" else 401  # a wrong password, each way
     assert sorted(answers) == [refused] * len(entered) + [429] * (12 - len(entered)), answers
 
