@@ -79,6 +79,17 @@ def wait_ready(model: Model, timeout_s: float = 30) -> list[Replica]:
     return wait_until(lambda: ready(model), timeout_s=timeout_s, what=f"a ready replica of {model.name}")
 
 
+def wait_for_state(fleet, replica: Replica, state: str, timeout_s: float, what: str) -> None:
+    """Wait until ``replica`` is in ``state``; on a timeout, fail naming every replica row of
+    its model and the cluster's logs, so a failure under load says where it got stuck."""
+    try:
+        wait_until(lambda: state_of(replica) == state, timeout_s=timeout_s, what=what)
+    except TimeoutError:
+        rows = list(Replica.objects.filter(model_id=replica.model_id).order_by("id").values_list(
+            "id", "agent__name", "state", "reason", "ready_at", "state_changed_at"))
+        pytest.fail(f"timed out after {timeout_s} s waiting for {what}: {rows}\n{fleet.logs()}")
+
+
 def state_of(replica: Replica) -> str:
     return Replica.objects.values_list("state", flat=True).get(pk=replica.pk)
 
@@ -186,7 +197,7 @@ def test_an_agent_killed_mid_stream_loses_its_replica_and_its_duplicate_stops_wh
         assert alive(first.pid), "the engine of a lost agent keeps running"
         time.sleep(0.5)
         fleet.start_agent(victim)  # it adopts the engine and says it runs
-        wait_until(lambda: state_of(first) == "stopped", timeout_s=60, what="the duplicate to stop")
+        wait_for_state(fleet, first, "stopped", 60, "the duplicate to stop")
         wait_until(lambda: not alive(first.pid), timeout_s=10, what="the duplicate's engine to exit")
         time.sleep(0.5)
     no_500(traffic, {200, 503})
@@ -228,12 +239,7 @@ def test_a_partition_longer_than_the_grace_moves_the_replica_and_the_duplicate_s
         assert state_of(first) == "lost"
         time.sleep(0.5)
         link.resume()
-        try:
-            wait_until(lambda: state_of(first) == "stopped", timeout_s=30, what="the returning duplicate to stop")
-        except TimeoutError:
-            rows = list(Replica.objects.filter(model=model).values_list("id", "agent__name", "state", "reason",
-                                                                         "ready_at", "state_changed_at"))
-            pytest.fail(f"the returning duplicate did not stop within 30 s: {rows}\n{fleet.logs()}")
+        wait_for_state(fleet, first, "stopped", 30, "the returning duplicate to stop")
         wait_until(lambda: not alive(first.pid), timeout_s=10, what="its engine to exit")
         time.sleep(0.5)
     no_500(traffic, {200, 503})
