@@ -127,7 +127,7 @@ class Agent:
                 "replicas": self.manager.reports(),
             }
             await ws.send(json.dumps(hello))
-            self.manager.sent()
+            self.manager.sent(hello["replicas"])
             sender = asyncio.create_task(self._send_loop(ws))
             try:
                 async for raw in ws:
@@ -160,7 +160,7 @@ class Agent:
                 "replicas": self.manager.reports(), "inventory": await asyncio.to_thread(read_inventory),
             }
             await ws.send(json.dumps(status))
-            self.manager.sent()
+            self.manager.sent(status["replicas"])
             await asyncio.sleep(0.05)  # coalesce bursts of changes
 
     def _reexec(self) -> None:

@@ -301,12 +301,23 @@ class EngineManager:
 
     # -- reports ---------------------------------------------------------------------------
     def reports(self) -> list[ReplicaReport]:
+        """A report for every engine this agent runs, and one for each engine stopped since
+        its stop was last sent (``finished``, kept until :meth:`sent` is told it went out)."""
         out = [e.report() for e in self.engines.values()]
         out += [r for rid, r in self.finished.items() if rid not in self.engines]
         return out
 
-    def sent(self) -> None:
-        self.finished.clear()
+    def sent(self, reports: list[ReplicaReport]) -> None:
+        """``reports`` (from :meth:`reports`) reached the control plane: forget the stops
+        among them. Only those: an engine that stopped while the message was being built or
+        sent (both wait) is reported in the next one — clearing every stop lost it, and its
+        replica stayed ``stopping`` for ever."""
+        for report in reports:
+            rid = report.get("replica_id")
+            if self.finished.get(rid) is report:
+                del self.finished[rid]
+        for rid in [rid for rid in self.finished if rid in self.engines]:  # running again: superseded
+            del self.finished[rid]
 
     def advertise(self, address: str) -> None:
         """The address the agent advertises to the control plane (the gateway reaches

@@ -173,6 +173,23 @@ async def test_an_engine_no_longer_assigned_is_stopped(manager):
     assert [r["state"] for r in manager.reports()] == ["stopped"]
 
 
+async def test_a_stop_that_lands_while_a_status_is_on_its_way_is_reported_in_the_next(manager):
+    """Building and sending a status both wait; an engine that stops meanwhile must not be
+    forgotten with the stops that did go out (its replica would stay stopping for ever)."""
+    manager.apply([spec(1), spec(2)])
+    await wait_state(manager, 1, S.READY)
+    await wait_state(manager, 2, S.READY)
+    manager.apply([spec(2)])
+    await wait_state(manager, 1, S.STOPPED)
+    on_its_way = manager.reports()  # the status being built: replica 1 stopped, 2 ready
+    manager.apply([])
+    await wait_state(manager, 2, S.STOPPED)  # 2 stops before that status is sent
+    manager.sent(on_its_way)
+    assert [(r["replica_id"], r["state"]) for r in manager.reports()] == [(2, "stopped")]
+    manager.sent(manager.reports())
+    assert manager.reports() == []
+
+
 async def test_an_engine_ignoring_sigterm_is_killed_after_the_grace(manager, tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(
