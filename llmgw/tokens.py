@@ -22,12 +22,14 @@ def new_token(kind: str) -> str:
 
 
 def new_engine_key() -> str:
-    """A fresh per-replica engine key (``secrets.token_urlsafe(32)``: 43 URL-safe
-    characters). The agent starts the replica's engine with it and only the gateway sends
+    """A fresh per-replica engine key: 64 hex digits (256 bits). Hex, not URL-safe base64:
+    one key in 64 of those starts with "-", and an engine given it on its command line
+    (``--api-key {api_key}``) reads it as an option and exits ("expected one argument").
+    The agent starts the replica's engine with it and only the gateway sends
     it, so an engine port cannot be used around the gateway (docs/architecture.md, "Security":
     engine keys). Stored in clear on the Replica row: the gateway must present it, not merely
     check it."""
-    return secrets.token_urlsafe(32)
+    return secrets.token_hex(32)
 
 
 def token_prefix(token: str) -> str:

@@ -11,7 +11,7 @@ import llmgw.tokens
 def give_each_replica_a_key(apps, schema_editor):
     Replica = apps.get_model("fleet", "Replica")
     for pk in Replica.objects.filter(engine_key="").values_list("pk", flat=True).iterator():
-        Replica.objects.filter(pk=pk).update(engine_key=secrets.token_urlsafe(32))
+        Replica.objects.filter(pk=pk).update(engine_key=secrets.token_hex(32))
 
 
 class Migration(migrations.Migration):

@@ -161,3 +161,15 @@ def test_an_id_from_text_is_ascii_digits_within_64_bits():
     assert id_from_text("42") == 42 and id_from_text(str(INT64_MAX)) == INT64_MAX
     for text in ("", "²", "١٢", "-1", "+1", " 1", "1.0", str(INT64_MAX + 1)):
         assert id_from_text(text) is None, text
+
+
+def test_an_engine_key_never_reads_as_a_command_line_option():
+    """Keys go on engines' argv (``--api-key {api_key}``): a key starting with "-" made
+    argparse refuse the value (one start in 64 failed that way)."""
+    from fleet.models import Replica
+    from llmgw.tokens import new_engine_key
+
+    keys = {new_engine_key() for _ in range(2000)}
+    assert len(keys) == 2000
+    assert all(len(k) == 64 and k[0] != "-" and k.isalnum() for k in keys)
+    assert Replica._meta.get_field("engine_key").max_length >= 64
