@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import io
 import httpx
 
 import pytest
-from django.core.management import call_command
 
 from catalog.models import Benchmark
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 from tests.replicas import ENGINE_KEY, serve
+from tests.cli import llmgw
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
-def llmgw(*args):
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("llmgw", *args, stdout=out, stderr=err)
-        return 0, out.getvalue(), err.getvalue()
-    except SystemExit as exc:
-        return exc.code, out.getvalue(), err.getvalue()
 
 
 def test_bench_finds_the_engines_capacity_within_one_step(make_model, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 import os
 import re
@@ -18,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.core.management import call_command
 from django.utils import timezone
 
 from fleet.ops import mirror
@@ -29,19 +27,12 @@ from fleet.models import Agent, Replica
 from fleet.control.reports import record_replicas
 from fleet.states import ReplicaState as S
 from tests.processes import daphne, free_port
+from tests.cli import llmgw
 
 FAKE_ENGINE = str(Path(__file__).parent.parent / "fake_engine.py")
 MiB = 1024 * 1024
 
 
-def llmgw(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("llmgw", *args, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def weights_file(path: Path, size: int, seed: int = 1) -> bytes:

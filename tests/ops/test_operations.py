@@ -18,18 +18,11 @@ from fleet.planning import planner
 from fleet.models import Agent, ModelState, Replica
 from fleet.ops.operations import start_cluster, stop_cluster
 from fleet.control.reconciler import reconcile
+from tests.cli import llmgw
 
 pytestmark = pytest.mark.django_db
 
 
-def llmgw(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("llmgw", *args, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
