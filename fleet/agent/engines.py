@@ -404,6 +404,7 @@ class EngineManager:
         return adopted
 
     def _detach(self, coro) -> None:
+        """Run ``coro`` (a stop) as a task kept until done: :meth:`stop_all` waits for it."""
         task = asyncio.create_task(coro)
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
@@ -426,7 +427,7 @@ class EngineManager:
                 if first and engine.adopted:
                     engine.error = ORPHAN_STOPPED
                     log.info("replica %s (pid %s): %s", rid, engine.pid, ORPHAN_STOPPED)
-                asyncio.create_task(self._stop(engine))
+                self._detach(self._stop(engine))
         self._changed()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -746,9 +747,8 @@ class EngineManager:
         fresh = [e for e in self.engines.values() if not e.stopping]
         for engine in fresh:
             engine.stopping = True
+        # Stops under way (apply's, adoption's) are tasks in _detached: waited for too.
         await asyncio.gather(*(self._stop(e) for e in fresh), *list(self._detached), return_exceptions=True)
-        while any(e.stopping for e in self.engines.values()):  # stops started by apply
-            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """Stop watching (engines keep running: the state file lists them) and close."""
