@@ -12,7 +12,7 @@ What the gateway may do:
   has no picture yet);
 * hold a request for a cold start inside :func:`holding` (the watcher refreshes faster
   while anyone holds; a request cancelled because its client went away leaves it, so it
-  stops counting at once) and :func:`wait_for_change`; :func:`holders` says how many hold;
+  stops counting at once) and :func:`wait_for_change`;
 * count requests per replica with :func:`begin_request` / :func:`end_request` and read
   :func:`in_flight` for routing;
 * ask for an on-demand model with :func:`want_model` (blocking; ORM);
@@ -31,7 +31,7 @@ from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View,
 
 __all__ = [
     "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "current_view",
-    "end_request", "fresh_view", "holders", "holding", "in_flight", "stop", "wait_for_change", "want_model",
+    "end_request", "fresh_view", "holding", "in_flight", "stop", "wait_for_change", "want_model",
 ]
 
 
@@ -62,11 +62,6 @@ async def holding() -> AsyncIterator[None]:
         yield
     finally:
         watcher.holders -= 1
-
-
-def holders() -> int:
-    """Requests of this process inside :func:`holding` now."""
-    return watcher.holders
 
 
 def begin_request(replica_id: int) -> None:

@@ -109,3 +109,31 @@ def test_a_new_fixed_model_is_held_until_a_pass_says_it_cannot_be_served():
 
 def test_a_stopped_cluster_ends_a_hold():
     assert error_of(verdict("m", True, ModelStatus(coming_up=1), view(stopped=True), NOW))["code"] == "system_stopped"
+
+
+def test_a_burst_of_held_requests_wants_the_model_once_and_a_client_gone_leaves_it_to_the_others(monkeypatch):
+    import asyncio
+    import threading
+
+    from gateway import proxy
+
+    calls, release = [], threading.Event()
+
+    def want(model_id: int) -> None:
+        calls.append(model_id)
+        release.wait(10)
+
+    monkeypatch.setattr(proxy.live, "want_model", want)
+
+    async def burst():
+        waiters = [asyncio.create_task(proxy._want(7)) for _ in range(20)]
+        await asyncio.sleep(0.2)
+        waiters[0].cancel()  # its client hung up: the want goes on for the other 19
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(*waiters, return_exceptions=True)
+
+    results = asyncio.run(burst())
+    assert calls == [7]
+    assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [None] * 19
+    assert proxy._wants == {}
