@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import re
+import signal
 import socket
 import time
 
@@ -24,7 +26,9 @@ pytestmark = [pytest.mark.timeout(120)]
 
 FLAKY_ENGINE = ROOT / "tests" / "flaky_engine.py"
 METRICS_TOKEN = "on-demand-metrics"
-live = live_cluster_fixture("on-demand", extra_env={"LLMGW_METRICS_TOKEN": METRICS_TOKEN})
+# Routing drops a silent agent's replicas after 2 s; the planner re-places them after 30 s.
+live = live_cluster_fixture("on-demand", extra_env={"LLMGW_METRICS_TOKEN": METRICS_TOKEN,
+                                                    "LLMGW_AGENT_ROUTE_GRACE": "2s", "LLMGW_AGENT_LOST_AFTER": "30s"})
 
 
 @pytest.fixture
@@ -230,3 +234,31 @@ def test_a_client_that_hangs_up_while_held_is_no_longer_held(live, long_cold_sta
     wait_until(lambda: UsageRecord.objects.filter(model_name="hang-up", status=499).exists(), timeout_s=20,
                what="the hung-up request to be recorded as 499")
     Model.objects.filter(name="hang-up").update(idle_timeout_s=1)
+
+
+def test_a_silent_agent_is_named_with_when_its_replicas_are_re_placed(live, client):
+    """Last in this module: it freezes the cluster's only agent (SIGSTOP) for a few seconds."""
+    profile = fake_profile("p-steady")
+    m = Model(name="steady-fixed", weights="file:/dev/null", profile=profile, min_replicas=1, max_replicas=1)
+    m.full_clean()
+    m.save()
+    assert chat(client, "steady-fixed").status_code == 200, live.logs()
+    os.kill(live.agent.pid, signal.SIGSTOP)
+    try:
+        def silent():
+            r = chat(client, "steady-fixed")
+            return r if r.status_code == 503 else None
+        r = wait_until(silent, timeout_s=20, what="the frozen agent's replica to leave routing")
+        error = r.json()["error"]
+        assert error["code"] == "agent_silent", error
+        found = re.search(r"agent local silent for (\d+) s; its replicas are re-placed in (\d+) s if it stays silent",
+                          error["message"])
+        assert found, error["message"]
+        silent_s, left_s = int(found.group(1)), int(found.group(2))
+        assert silent_s >= 1 and 25 <= silent_s + left_s <= 31, error["message"]
+        assert int(r.headers["retry-after"]) == left_s
+    finally:
+        os.kill(live.agent.pid, signal.SIGCONT)
+    wait_until(lambda: chat(client, "steady-fixed").status_code == 200, timeout_s=30,
+               what="the agent's replica to be routed again")
+    Model.objects.filter(pk=m.pk).update(min_replicas=0)
