@@ -35,6 +35,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.db.models import Case, IntegerField, Q, Sum, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from catalog.models import ClusterSettings
@@ -220,6 +221,14 @@ class HeartbeatStamps:
     def _rounded(self, at: datetime) -> datetime:
         return datetime.fromtimestamp(at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S, tz=at.tzinfo)
 
+    @staticmethod
+    def _by_row(batch: list[tuple], column: int) -> Cast:
+        """``CASE id WHEN … THEN count END`` over ``batch``, cast to an integer: a CASE of
+        nothing but NULLs would otherwise be text to PostgreSQL."""
+        count = IntegerField()
+        return Cast(Case(*[When(pk=row[0], then=Value(row[column], output_field=count)) for row in batch],
+                         output_field=count), count)
+
     def _write_loads(self, loads: dict[int, tuple[int, int | None, int | None, datetime]]) -> None:
         by_stamp: dict[datetime, list[tuple[int, int, int | None, int | None]]] = defaultdict(list)
         for replica_id, (agent_id, running, waiting, at) in loads.items():
@@ -230,14 +239,8 @@ class HeartbeatStamps:
                 mine = Q()
                 for agent_id in {row[1] for row in batch}:
                     mine |= Q(agent_id=agent_id, pk__in=[row[0] for row in batch if row[1] == agent_id])
-                count = IntegerField()
                 Replica.objects.filter(mine).filter(Q(load_reported_at__lt=at) | Q(load_reported_at__isnull=True)).update(
-                    load_running=Case(*[When(pk=row[0], then=Value(row[2], output_field=count)) for row in batch],
-                                      output_field=count),
-                    load_waiting=Case(*[When(pk=row[0], then=Value(row[3], output_field=count)) for row in batch],
-                                      output_field=count),
-                    load_reported_at=at,
-                )
+                    load_running=self._by_row(batch, 2), load_waiting=self._by_row(batch, 3), load_reported_at=at)
         with self._lock:
             for replica_id, (_, running, waiting, at) in loads.items():
                 self.written_loads[replica_id] = (running, waiting, at)

@@ -120,6 +120,20 @@ def test_a_heartbeat_load_is_written_only_for_the_agents_own_replicas_and_never_
     assert (row.load_running, row.load_reported_at) == (9, mine.load_reported_at)  # a status wrote later
 
 
+def test_counts_a_heartbeat_cannot_give_are_written_as_unknown(make_model):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a, load_running=4, load_waiting=4, load_reported_at=timezone.now() - timedelta(seconds=30))
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {r.pk: (None, None)})  # every count of the flush NULL (a CASE of NULLs)
+    stamps.flush()
+    row = Replica.objects.get(pk=r.pk)
+    assert (row.load_running, row.load_waiting) == (None, None)
+    assert timezone.now() - row.load_reported_at < timedelta(seconds=5)
+
+
 def test_loads_that_cannot_be_written_are_kept_for_the_next_flush(make_model, monkeypatch):
     from tests.rows import replica
 
