@@ -21,8 +21,9 @@ a bug in it (a steady load going stale) shows in a simulation as it would in a c
 
 Simplifications, each one a phase, not an age: every agent polls and heartbeats on one
 grid (polls at ``k × load_poll_s``, heartbeats half a period later, so a heartbeat's numbers
-are that old); the gateway flushes half a flush interval before each second's grid point;
-a status does not move the agent's heartbeat timer. Only the model's load goes through the
+are that old); the gateway flushes half an interval off the grid (0.5 s, 1.5 s, … by
+default), so a pass on the 3 s grid sees counts 0.5 s old; a status does not move the
+agent's heartbeat timer. Only the model's load goes through the
 path: the in-flight count and last use of each replica (idle timeouts, drains) are still
 read as they are.
 """
