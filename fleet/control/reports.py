@@ -120,6 +120,23 @@ def forget_unreported(agent_id: int, reported: list[protocol.ReplicaReport]) -> 
     return gone
 
 
+def heartbeat_loads(message: protocol.Heartbeat) -> dict[int, tuple[int | None, int | None]]:
+    """Replica id → (running, waiting) from a heartbeat's ``loads`` (checked by
+    ``protocol.check_fields``); a count that is not a non-negative integer is unknown (None),
+    an entry without a usable replica id is skipped. An old agent's bare heartbeat gives {}.
+    The web process's ``HeartbeatStamps`` writes them (``fleet.live.watch``), stamped on
+    arrival: docs/architecture.md, "Crossing processes": heartbeats."""
+    out: dict[int, tuple[int | None, int | None]] = {}
+    loads = message.get("loads")
+    for load in loads if isinstance(loads, list) else []:
+        if not isinstance(load, list) or len(load) != 3:
+            continue
+        replica_id = _count(load[0], 2**62)
+        if replica_id is not None:
+            out[replica_id] = (_count(load[1]), _count(load[2]))
+    return out
+
+
 def record_status(agent_id: int, message: protocol.Status) -> None:
     agent = Agent.objects.get(pk=agent_id)
     if message.get("inventory") and record_inventory(agent, message["inventory"]):

@@ -34,7 +34,8 @@ from typing import Any, Callable, Protocol
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.db.models import Q, Sum
+from django.db.models import Case, IntegerField, Q, Sum, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from catalog.models import ClusterSettings
@@ -193,42 +194,102 @@ class UsageRecorder:
 
 class HeartbeatStamps:
     """When each agent's latest message reached this process (stamped on arrival, by this
-    clock), kept in memory and written in a few UPDATEs per flush. A stamp that cannot be
-    written (database away) is kept for the next flush, so the agents' silence is never
-    the control plane's own. Stamps only move ``last_seen_at`` forwards."""
+    clock), and the replica loads its heartbeats carried, kept in memory and written in a
+    few UPDATEs per flush. A stamp that cannot be written (database away) is kept for the
+    next flush, so the agents' silence is never the control plane's own. Stamps only move
+    ``last_seen_at`` and ``load_reported_at`` forwards.
+
+    Loads (docs/architecture.md, "Crossing processes": heartbeats): a replica's load is
+    written when it differs from what this process last wrote for it, or when that write is
+    ``LLMGW_LOAD_STALE / 3`` old — so a steady load costs one write per replica every few
+    heartbeats, not one per heartbeat, and the stamp the reconciler reads is never older
+    than that third plus one heartbeat interval (10 s with the defaults, under the 15 s
+    after which a load counts as unknown). All the loads of a flush go out in one UPDATE per
+    distinct stamp (rounded to ``RESOLUTION_S``), each row only where the reporting agent
+    runs that replica."""
 
     #: Stamps are written rounded down to this (seconds): one UPDATE per distinct value.
     RESOLUTION_S = 0.1
+    #: Most rows one load UPDATE names (SQLite's bound on query parameters).
+    LOAD_BATCH = 200
 
     def __init__(self) -> None:
         self.pending: dict[int, datetime] = {}
+        #: Replica id → (agent id, running, waiting, arrival), waiting for the next flush.
+        self.pending_loads: dict[int, tuple[int, int | None, int | None, datetime]] = {}
+        #: Replica id → (running, waiting, stamp) this process last wrote.
+        self.written_loads: dict[int, tuple[int | None, int | None, datetime]] = {}
         self._lock = threading.Lock()  # stamp() runs in database_sync_to_async threads
 
-    def stamp(self, agent_id: int) -> None:
-        now = timezone.now()
+    def stamp(self, agent_id: int, loads: dict[int, tuple[int | None, int | None]] | None = None,
+              now: datetime | None = None) -> None:
+        """Agent ``agent_id`` was heard at ``now`` (default: this clock), with ``loads``
+        (replica id → (running, waiting), ``fleet.control.reports.heartbeat_loads``)."""
+        now = now or timezone.now()
+        refresh = timedelta(seconds=settings.LLMGW_LOAD_STALE_S / 3)
         with self._lock:
             self.pending[agent_id] = now
+            for replica_id, (running, waiting) in (loads or {}).items():
+                written = self.written_loads.get(replica_id)
+                if written is not None and written[:2] == (running, waiting) and now - written[2] < refresh:
+                    continue  # unchanged, and its stamp is still fresh enough
+                self.pending_loads[replica_id] = (agent_id, running, waiting, now)
 
     def flush(self) -> int:
-        """Write pending stamps (blocking; ORM). Returns how many agents were stamped."""
+        """Write pending stamps and loads (blocking; ORM). Returns how many agents were
+        stamped."""
         with self._lock:
             pending, self.pending = self.pending, {}
-        if not pending:
+            loads, self.pending_loads = self.pending_loads, {}
+        if not pending and not loads:
             return 0
         by_stamp: dict[datetime, list[int]] = defaultdict(list)
         for agent_id, at in pending.items():
-            rounded = at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S
-            by_stamp[datetime.fromtimestamp(rounded, tz=at.tzinfo)].append(agent_id)
+            by_stamp[self._rounded(at)].append(agent_id)
         try:
             for at, ids in sorted(by_stamp.items()):
                 Agent.objects.filter(Q(last_seen_at__lt=at) | Q(last_seen_at__isnull=True), id__in=ids).update(
                     last_seen_at=at)
+            self._write_loads(loads)
         except Exception:
             with self._lock:  # keep them, unless a newer stamp arrived meanwhile
                 for agent_id, at in pending.items():
                     self.pending.setdefault(agent_id, at)
+                for replica_id, load in loads.items():
+                    self.pending_loads.setdefault(replica_id, load)
             raise
         return len(pending)
+
+    def _rounded(self, at: datetime) -> datetime:
+        return datetime.fromtimestamp(at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S, tz=at.tzinfo)
+
+    @staticmethod
+    def _by_row(batch: list[tuple], column: int) -> Cast:
+        """``CASE id WHEN … THEN count END`` over ``batch``, cast to an integer: a CASE of
+        nothing but NULLs would otherwise be text to PostgreSQL."""
+        count = IntegerField()
+        return Cast(Case(*[When(pk=row[0], then=Value(row[column], output_field=count)) for row in batch],
+                         output_field=count), count)
+
+    def _write_loads(self, loads: dict[int, tuple[int, int | None, int | None, datetime]]) -> None:
+        by_stamp: dict[datetime, list[tuple[int, int, int | None, int | None]]] = defaultdict(list)
+        for replica_id, (agent_id, running, waiting, at) in loads.items():
+            by_stamp[self._rounded(at)].append((replica_id, agent_id, running, waiting))
+        for at, rows in sorted(by_stamp.items()):
+            for i in range(0, len(rows), self.LOAD_BATCH):
+                batch = rows[i:i + self.LOAD_BATCH]
+                mine = Q()
+                for agent_id in {row[1] for row in batch}:
+                    mine |= Q(agent_id=agent_id, pk__in=[row[0] for row in batch if row[1] == agent_id])
+                Replica.objects.filter(mine).filter(Q(load_reported_at__lt=at) | Q(load_reported_at__isnull=True)).update(
+                    load_running=self._by_row(batch, 2), load_waiting=self._by_row(batch, 3), load_reported_at=at)
+        with self._lock:
+            for replica_id, (_, running, waiting, at) in loads.items():
+                self.written_loads[replica_id] = (running, waiting, at)
+            if len(self.written_loads) > 2 * len(loads) + 1000:  # forget replicas no longer heard of
+                horizon = max(at for _, _, at in self.written_loads.values()) - timedelta(
+                    seconds=settings.LLMGW_LOAD_STALE_S)
+                self.written_loads = {rid: w for rid, w in self.written_loads.items() if w[2] >= horizon}
 
 
 class Watcher:
@@ -387,7 +448,7 @@ class Watcher:
         await sync_to_async(register_web_process, thread_sensitive=False)()
 
     async def flush_heartbeats(self) -> None:
-        if heartbeats.pending:
+        if heartbeats.pending or heartbeats.pending_loads:
             await sync_to_async(heartbeats.flush, thread_sensitive=False)()
 
     async def flush_usage(self, force: bool = False) -> None:

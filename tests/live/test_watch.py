@@ -13,7 +13,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from fleet.live.watch import HeartbeatStamps, _load_view, register_web_process
-from fleet.models import Agent, ControlPlane, ModelState
+from fleet.models import Agent, ControlPlane, ModelState, Replica
 from fleet.control.planes import listening_since
 from tests.rows import agent, replica
 
@@ -60,6 +60,102 @@ def test_stamps_that_cannot_be_written_are_kept_for_the_next_flush(monkeypatch):
     assert timezone.now() - Agent.objects.get(pk=a.pk).last_seen_at < timedelta(seconds=5)
 
 
+# --- loads on heartbeats (issue 14) -------------------------------------------------------
+
+def test_the_loads_of_many_heartbeats_are_written_in_the_flush_in_one_update(make_model,
+                                                                             django_assert_max_num_queries):
+    from tests.rows import replica
+
+    m = make_model("m")
+    agents = [agent(f"a{i}", seen_s_ago=60) for i in range(10)]
+    replicas = [replica(m, a) for a in agents for _ in range(3)]
+    stamps = HeartbeatStamps()
+    now = timezone.now()
+    for a in agents:
+        stamps.stamp(a.pk, {r.pk: (r.pk % 4, None if r.pk % 5 == 0 else 1) for r in replicas if r.agent_id == a.pk},
+                     now=now)
+    with django_assert_max_num_queries(2):  # the agents' stamps, then every load at once
+        assert stamps.flush() == 10
+    for r in Replica.objects.all():
+        assert (r.load_running, r.load_waiting) == (r.pk % 4, None if r.pk % 5 == 0 else 1)
+        assert now - timedelta(seconds=0.11) <= r.load_reported_at <= now
+
+
+def test_a_steady_load_is_rewritten_only_when_its_stamp_ages_and_a_change_at_once(make_model, settings,
+                                                                                   django_assert_num_queries):
+    from tests.rows import replica
+
+    settings.LLMGW_LOAD_STALE_S = 15.0
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a)
+    stamps = HeartbeatStamps()
+    start = timezone.now()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start)
+    stamps.flush()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start + timedelta(seconds=4))  # same load, stamp 4 s old: not due
+    assert not stamps.pending_loads
+    with django_assert_num_queries(1):  # the agent's last_seen_at only
+        stamps.flush()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start + timedelta(seconds=5))  # a third of the stale period
+    stamps.flush()
+    assert Replica.objects.get(pk=r.pk).load_reported_at >= start + timedelta(seconds=4.9)
+    stamps.stamp(a.pk, {r.pk: (2, 4)}, now=start + timedelta(seconds=6))  # changed: written at once
+    stamps.flush()
+    row = Replica.objects.get(pk=r.pk)
+    assert (row.load_waiting, row.load_reported_at >= start + timedelta(seconds=5.9)) == (4, True)
+
+
+def test_a_heartbeat_load_is_written_only_for_the_agents_own_replicas_and_never_backwards(make_model):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a, b = agent("a"), agent("b")
+    theirs = replica(m, b)
+    mine = replica(m, a, load_running=9, load_waiting=9, load_reported_at=timezone.now())
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {theirs.pk: (5, 5), mine.pk: (1, 1)}, now=timezone.now() - timedelta(seconds=3))
+    stamps.flush()
+    assert Replica.objects.get(pk=theirs.pk).load_reported_at is None  # not a's to report
+    row = Replica.objects.get(pk=mine.pk)
+    assert (row.load_running, row.load_reported_at) == (9, mine.load_reported_at)  # a status wrote later
+
+
+def test_counts_a_heartbeat_cannot_give_are_written_as_unknown(make_model):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a, load_running=4, load_waiting=4, load_reported_at=timezone.now() - timedelta(seconds=30))
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {r.pk: (None, None)})  # every count of the flush NULL (a CASE of NULLs)
+    stamps.flush()
+    row = Replica.objects.get(pk=r.pk)
+    assert (row.load_running, row.load_waiting) == (None, None)
+    assert timezone.now() - row.load_reported_at < timedelta(seconds=5)
+
+
+def test_loads_that_cannot_be_written_are_kept_for_the_next_flush(make_model, monkeypatch):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a)
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {r.pk: (1, 2)})
+
+    def database_away(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr("django.db.models.query.QuerySet.update", database_away)
+    with pytest.raises(OperationalError):
+        stamps.flush()
+    monkeypatch.undo()
+    assert list(stamps.pending_loads) == [r.pk] and not stamps.written_loads
+    stamps.flush()
+    assert (Replica.objects.get(pk=r.pk).load_running, Replica.objects.get(pk=r.pk).load_waiting) == (1, 2)
+
+
 def test_a_stamp_is_only_kept_in_memory(django_assert_num_queries):
     from fleet.live.watch import heartbeats
 
@@ -99,7 +195,7 @@ def _failed(model, on, failed_s_ago: float, error: str = "", ready_for_s: float 
     at = timezone.now() - timedelta(seconds=failed_s_ago)
     ready_at = None if ready_for_s is None else at - timedelta(seconds=ready_for_s)
     r = replica(model, on, state="failed", error=error, ready_at=ready_at)
-    r.__class__.objects.filter(pk=r.pk).update(state_changed_at=at)
+    Replica.objects.filter(pk=r.pk).update(state_changed_at=at)
     return at
 
 
