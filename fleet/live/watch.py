@@ -66,11 +66,51 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Failures:
+    """A model's replica failures that count for its backoff (docs/architecture.md, R9):
+    those of the last hour since one of its replicas last stayed ready for
+    ``LLMGW_BACKOFF_RESET_AFTER`` (as far as the failed rows tell: a replica that ran that
+    long and then stopped is not read, so ``count`` may be over, never under).
+
+    ``last_at`` is when the newest failed (its row's ``state_changed_at``), ``last_error``
+    the last line of its error, ``retry_at`` when the planner may place again:
+    ``last_at + min(LLMGW_BACKOFF_BASE · 2^(count-1), LLMGW_BACKOFF_CAP)``, the rule of
+    ``fleet.planning.planner.backoff_remaining_s``."""
+
+    count: int
+    last_at: datetime
+    last_error: str
+    retry_at: datetime
+
+
+@dataclass(frozen=True)
+class SilentAgent:
+    """An agent holding ready replicas of a model that routing dropped: silent for more
+    than ``LLMGW_AGENT_ROUTE_GRACE`` but not yet declared lost. ``silent_since`` is when
+    its silence started counting (its last message, or when the control plane could
+    listen again if that is later: the planner's ``silent_for_s``)."""
+
+    name: str
+    silent_since: datetime
+
+
+@dataclass(frozen=True)
 class ModelStatus:
+    """What the last refresh knows of one model besides its routes.
+
+    ``unservable``/``reason``/``desired``: the last pass's verdict (``ModelState``);
+    ``looked_at``: a pass recorded one (``reason_at`` set); ``coming_up``: replicas placing,
+    downloading or starting; ``failures``: its crash loop, None without recent failures;
+    ``silent_agents``: agents whose ready replicas of it are out of routing, by name."""
+
     unservable: bool = False
     reason: str = ""
     coming_up: int = 0
     wanted_at: datetime | None = None
+    looked_at: bool = False
+    desired: int = 0
+    failures: Failures | None = None
+    silent_agents: tuple[SilentAgent, ...] = ()
 
 
 @dataclass
@@ -81,6 +121,8 @@ class View:
     status: dict[int, ModelStatus] = field(default_factory=dict)
     stopped: bool = False
     cold_start_timeout_s: float = 300.0
+    #: ``LLMGW_AGENT_LOST_AFTER`` when the refresh ran: how long a silent agent keeps its replicas.
+    agent_lost_after_s: float = 20.0
     started_at: float = 0.0
     version: int = 0
     #: What :attr:`Watcher.extra_loaders` returned (merged), loaded in the same refresh.
@@ -448,6 +490,38 @@ def _token_hashes(agent_ids: list[int]) -> dict[int, str]:
     return dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "token_sha256"))
 
 
+def _silent_agents(by_name: dict[str, datetime] | None) -> tuple[SilentAgent, ...]:
+    return tuple(SilentAgent(name, since) for name, since in sorted((by_name or {}).items()))
+
+
+#: How far back failures count for backoff, as in ``fleet.control.snapshot.load_snapshot``.
+FAILURE_HORIZON = timedelta(hours=1)
+
+
+def _failures(now: datetime) -> dict[int, Failures]:
+    """Model id → its crash loop (:class:`Failures`), from one query on the failed
+    replicas of the last hour (blocking; ORM). A failed replica that had stayed ready for
+    ``LLMGW_BACKOFF_RESET_AFTER`` forgives the failures before it (``proved_stable``)."""
+    stable = timedelta(seconds=settings.LLMGW_BACKOFF_RESET_AFTER_S)
+    by_model: dict[int, list[tuple[datetime, str]]] = defaultdict(list)
+    rows = Replica.objects.filter(
+        state=ReplicaState.FAILED.value, state_changed_at__gte=now - FAILURE_HORIZON,
+    ).order_by("state_changed_at", "id").values_list("model_id", "state_changed_at", "ready_at", "error")
+    for model_id, failed_at, ready_at, error in rows:
+        if ready_at is not None and failed_at - ready_at >= stable:
+            by_model[model_id].clear()  # it proved the model runs: the loop starts over
+        by_model[model_id].append((failed_at, error))
+    base_s, cap_s = settings.LLMGW_BACKOFF_BASE_S, settings.LLMGW_BACKOFF_CAP_S
+    out: dict[int, Failures] = {}
+    for model_id, failed in by_model.items():
+        n = len(failed)
+        last_at, error = failed[-1]
+        wait_s = min(base_s * 2 ** (n - 1), cap_s)
+        line = next((ln.strip() for ln in reversed((error or "").strip().splitlines()) if ln.strip()), "")
+        out[model_id] = Failures(n, last_at, line[:300], last_at + timedelta(seconds=wait_s))
+    return out
+
+
 def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
                loaders: tuple[Callable[[], dict[str, Any]], ...] = ()) -> tuple[View, AgentGenerations]:
     """One refresh (blocking; ORM): the picture for the gateway, and the generations of
@@ -469,19 +543,29 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
     ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
                   "engine_key")
+    silent: dict[int, dict[str, datetime]] = defaultdict(dict)
     for rid, model_id, state, port, address, agent_name, last_seen, key in rows:
         if state == ReplicaState.READY.value:
             if last_seen is not None and last_seen >= heard_since and port:
                 routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key))
+            elif last_seen is not None:
+                silent[model_id][agent_name] = max(last_seen, listening) if listening is not None else last_seen
         else:
             coming[model_id] += 1
     view.routes = {k: tuple(sorted(v, key=lambda e: e.replica_id)) for k, v in routes.items()}
-    for model_id, unservable, reason, wanted_at in ModelState.objects.values_list(
-        "model_id", "unservable", "reason", "wanted_at"
+    view.agent_lost_after_s = float(settings.LLMGW_AGENT_LOST_AFTER_S)
+    failures = _failures(now)
+    seen: set[int] = set()
+    for model_id, unservable, reason, wanted_at, reason_at, desired in ModelState.objects.values_list(
+        "model_id", "unservable", "reason", "wanted_at", "reason_at", "desired"
     ):
-        view.status[model_id] = ModelStatus(unservable, reason, coming.pop(model_id, 0), wanted_at)
-    for model_id, n in coming.items():
-        view.status[model_id] = ModelStatus(coming_up=n)
+        seen.add(model_id)
+        view.status[model_id] = ModelStatus(
+            unservable, reason, coming.get(model_id, 0), wanted_at, reason_at is not None, desired,
+            failures.get(model_id), _silent_agents(silent.get(model_id)))
+    for model_id in (set(coming) | set(failures) | set(silent)) - seen:
+        view.status[model_id] = ModelStatus(coming_up=coming.get(model_id, 0), failures=failures.get(model_id),
+                                            silent_agents=_silent_agents(silent.get(model_id)))
     row = ClusterSettings.objects.filter(pk=1).values_list("stopped", "cold_start_timeout_s").first()
     if row is not None:
         view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])

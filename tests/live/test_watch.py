@@ -1,6 +1,7 @@
 """The web process's watcher on the database (``fleet.live.watch``): heartbeat stamps kept in
 memory and written in batches, never backwards, kept through a failed write; a web process
-registering again after a gap restarts its listening window."""
+registering again after a gap restarts its listening window; the model status a refresh
+loads (crash loops, silent agents, the planner's verdict)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from fleet.live.watch import HeartbeatStamps, register_web_process
-from fleet.models import Agent, ControlPlane, Replica
+from fleet.live.watch import HeartbeatStamps, _load_view, register_web_process
+from fleet.models import Agent, ControlPlane, ModelState, Replica
 from fleet.control.planes import listening_since
-from tests.rows import agent
+from tests.rows import agent, replica
 
 pytestmark = pytest.mark.django_db
 
@@ -179,3 +180,79 @@ def test_a_web_process_that_re_registers_after_a_gap_restarts_the_listening_wind
     assert listening_since(timezone.now()) == row.started_at
     register_web_process()  # no gap: the window stays
     assert ControlPlane.objects.get(pid=os.getpid()).started_at == row.started_at
+
+
+# --- model status: what held requests are answered from --------------------------------------
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_connection(monkeypatch):
+    """A refresh closes old connections first (it runs in a worker thread); here it runs in
+    the test's transaction, whose connection must stay open."""
+    monkeypatch.setattr("fleet.live.watch.close_old_connections", lambda: None)
+
+
+def _failed(model, on, failed_s_ago: float, error: str = "", ready_for_s: float | None = None):
+    at = timezone.now() - timedelta(seconds=failed_s_ago)
+    ready_at = None if ready_for_s is None else at - timedelta(seconds=ready_for_s)
+    r = replica(model, on, state="failed", error=error, ready_at=ready_at)
+    Replica.objects.filter(pk=r.pk).update(state_changed_at=at)
+    return at
+
+
+def test_a_refresh_carries_a_crash_loop_with_its_last_error_line_and_next_try(make_model, settings):
+    settings.LLMGW_BACKOFF_BASE_S, settings.LLMGW_BACKOFF_CAP_S, settings.LLMGW_BACKOFF_RESET_AFTER_S = 5.0, 300.0, 60.0
+    m, other = make_model("loopy"), make_model("fine")
+    a = agent("a")
+    _failed(m, a, 600, "engine exited", ready_for_s=3600)  # it ran an hour, then failed: forgives nothing older
+    _failed(m, a, 500, "old")
+    last = _failed(m, a, 2, "engine exited with code 1 while starting; last lines:\n  loading\n"
+                            "  RuntimeError: CUDA out of memory\n\n")
+    _failed(other, a, 7200, "too old to count")
+    view, _ = _load_view([])
+    failures = view.status[m.pk].failures
+    assert failures.count == 3 and failures.last_at == last
+    assert failures.last_error == "RuntimeError: CUDA out of memory"
+    assert failures.retry_at == last + timedelta(seconds=20)  # 5 · 2^(3-1)
+    assert other.pk not in view.status
+    # A replica that stayed ready for LLMGW_BACKOFF_RESET_AFTER before failing starts the loop over.
+    _failed(m, a, 1, "killed", ready_for_s=120)
+    assert _load_view([])[0].status[m.pk].failures.count == 1
+
+
+def test_the_crash_loop_is_one_query_however_many_failures(make_model):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    m = make_model("loopy")
+    a = agent("a")
+    with CaptureQueriesContext(connection) as counted:
+        _load_view([])
+    assert sum("fleet_replica" in q["sql"] for q in counted.captured_queries) == 2  # routes, failures
+    for i in range(10):
+        _failed(m, a, 100 - i, f"error {i}")
+    with CaptureQueriesContext(connection) as again:
+        view, _ = _load_view([])
+    assert len(again.captured_queries) == len(counted.captured_queries)
+    assert view.status[m.pk].failures.count == 10
+
+
+def test_a_refresh_names_the_silent_agents_whose_ready_replicas_routing_dropped(make_model, settings):
+    settings.LLMGW_AGENT_ROUTE_GRACE_S, settings.LLMGW_AGENT_LOST_AFTER_S = 2.0, 20.0
+    m = make_model("on-quiet")
+    quiet, loud = agent("gpu-node-2", seen_s_ago=14), agent("gpu-node-1")
+    replica(m, quiet)
+    view, _ = _load_view([])
+    assert not view.routes.get(m.pk) and view.agent_lost_after_s == 20.0
+    [silent] = view.status[m.pk].silent_agents
+    assert silent.name == "gpu-node-2" and silent.silent_since == Agent.objects.get(pk=quiet.pk).last_seen_at
+    replica(m, loud)  # another ready replica: served by it, the silent one is still named
+    view, _ = _load_view([])
+    assert [e.agent_name for e in view.routes[m.pk]] == ["gpu-node-1"]
+
+
+def test_a_refresh_says_whether_a_pass_looked_at_a_model_and_what_it_wants(make_model):
+    new, seen = make_model("new"), make_model("seen")
+    ModelState.objects.create(model=seen, desired=1, reason="placing", reason_at=timezone.now())
+    view, _ = _load_view([])
+    assert new.pk not in view.status  # no row: not looked at
+    assert view.status[seen.pk].looked_at and view.status[seen.pk].desired == 1
