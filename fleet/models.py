@@ -268,7 +268,7 @@ class Replica(models.Model):
     def shown_model_name(self) -> str:
         """Its model's name, or for a deleted model the name it was placed under, marked
         "(deleted)" (loads ``model`` unless selected)."""
-        if self.model_id is not None:
+        if self.model is not None:  # no query when model_id is None
             return self.model.name
         return f"{self.model_name or '?'} (deleted)"
 
