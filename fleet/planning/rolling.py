@@ -49,7 +49,8 @@ class TransitionRules:
         * Outdated replicas not ready yet stop at once (the missing step places current ones).
         * Outdated ready ones drain as current ones become ready, never taking the model's
           ready count below what it wants.
-        * Nothing in flight: with room, a **surge** — one current replica placed beside the
+        * Nothing in flight (no current replica coming up, no outdated one still draining or
+          stopping): with room, a **surge** — one current replica placed beside the
           outdated ones ("replacing r12: surge starting on gpu-1"); without, **in place** —
           the least busy outdated one drains and its replacement is placed once it has
           stopped ("replacing r12 in place: no room for a surge").
@@ -66,9 +67,9 @@ class TransitionRules:
                                     MoveCause.OUTDATED))
                 states[r.id] = S.STOPPING
         active = self._active(m.id)
+        if self.policy.stopped or desired == 0:
+            return False  # the plain surplus step takes them all (outdated first)
         old = sorted((r for r in active if r.outdated), key=_least_busy_oldest)
-        if not old or self.policy.stopped or desired == 0:
-            return False  # nothing to roll, or the plain surplus step takes them (outdated first)
         current = [r for r in active if not r.outdated]
         current_ready = [r for r in current if states[r.id] == S.READY]
         coming = sorted((r for r in current if states[r.id] in COMING_UP), key=lambda r: r.id)
@@ -78,7 +79,9 @@ class TransitionRules:
                                 MoveCause.OUTDATED))
             states[r.id] = S.DRAINING
         old = old[replaced:]
-        if not old:
+        # Outdated ones on their way out: an in-place replacement waits for them.
+        in_place = [r for r in self.by_model[m.id] if r.outdated and states[r.id] in RELEASING]
+        if not old and not (in_place and len(current) < desired):
             return False
         excess = len(current) + len(old) - (desired + 1)  # one surge may run beside them
         for r in sorted(coming, key=lambda r: -r.id)[:max(0, excess)]:
@@ -87,16 +90,21 @@ class TransitionRules:
             states[r.id] = S.STOPPING
             coming.remove(r)
         total = len(current_ready) + len(coming) + len(old)
-        in_place = [r for r in self.by_model[m.id] if r.outdated and states[r.id] in RELEASING]
-        name = f"r{(in_place or old)[0].id}"
+        if total < desired or (coming and total == desired):
+            name = f"r{(in_place or old)[0].id} in place"
+        else:
+            name = f"r{old[0].id}"
         if coming:
             outcome.reason = (f"replacing {name}: surge r{coming[0].id} starting" if total > desired
-                              else f"replacing {name} in place: r{coming[0].id} starting")
+                              else f"replacing {name}: r{coming[0].id} starting")
             return True
         if total < desired:
             if not self._wait_out_backoff(m, outcome):
                 self._place(m, desired - total, self._active(m.id), outcome)
-            outcome.reason = f"replacing {name}{' in place' if in_place else ''}: {outcome.reason}"
+            outcome.reason = f"replacing {name}: {outcome.reason}"
+            return True
+        if in_place:  # its room comes back for the next surge: one replacement at a time
+            outcome.reason = f"replacing {name}: waiting for r{in_place[0].id} to stop"
             return True
         if self._wait_out_backoff(m, outcome):
             outcome.reason += f"; {len(old)} outdated still serving"
