@@ -264,6 +264,13 @@ class Replica(models.Model):
     def __str__(self) -> str:
         return f"r{self.pk} {self.shown_model_name} on {self.agent_id and self.agent.name}"
 
+    def save(self, *args, **kwargs) -> None:
+        """A new row records its model's name (``model_name``), which it keeps if the model
+        is deleted; ``apply_plan`` sets it itself."""
+        if self._state.adding and not self.model_name and self.model is not None:
+            self.model_name = self.model.name
+        super().save(*args, **kwargs)
+
     @property
     def shown_model_name(self) -> str:
         """Its model's name, or for a deleted model the name it was placed under, marked

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, Step, evaluate

@@ -412,3 +412,17 @@ def test_deleting_a_model_whose_replica_is_still_starting_stops_it(make_model):
     reconciler.reconcile()
     r.refresh_from_db()
     assert r.state == "stopping" and "its model was deleted" in r.reason
+
+
+def test_the_migration_copies_each_replicas_model_name_and_leaves_its_spec_unknown(make_model):
+    """Rows from before issue 14: their name copied, no hash ("" = current, nothing restarts)."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    agent = connected_agent()
+    model = make_model("old", min_replicas=0)
+    Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=1)
+    Replica.objects.update(model_name="")
+    import_module("fleet.migrations.0010_replica_spec_hash_and_deletes_drain").copy_model_names(apps, None)
+    assert list(Replica.objects.values_list("model_name", "spec_hash")) == [("old", "")]
