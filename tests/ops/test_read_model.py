@@ -241,7 +241,7 @@ def started_from_current_spec(m) -> Replica:
     return r
 
 
-def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_and_rest(make_model):
+def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_and_rest(make_model, admin_client):
     from fleet.ops.serializers import ReplicaSerializer
     from tests.cli import llmgw
 
@@ -259,6 +259,7 @@ def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_a
     assert (shown["outdated"], shown["note"]) == (True, "outdated, being replaced")
     holders = [h for a in dashboard.load().agents for h in a.cpu_holders]
     assert [h.label for h in holders] == ["ready, outdated, being replaced"]
+    assert 'title="outdated, being replaced"' in admin_client.get("/admin/dashboard/").content.decode()
     assert ReplicaSerializer(Replica.objects.select_related("model__profile").get(pk=r.pk)).data["outdated"] is True
 
 
