@@ -79,8 +79,10 @@ class TransitionRules:
                                 MoveCause.OUTDATED))
             states[r.id] = S.DRAINING
         old = old[replaced:]
-        # Outdated ones on their way out: an in-place replacement waits for them.
-        in_place = [r for r in self.by_model[m.id] if r.outdated and states[r.id] in RELEASING]
+        # Outdated ones on their way out (on a usable agent: a silent one's room comes back
+        # only with it): the next replacement waits for them.
+        in_place = [r for r in self.by_model[m.id]
+                    if r.outdated and states[r.id] in RELEASING and not self.unusable.get(r.agent_id)]
         if not old and not (in_place and len(current) < desired):
             return False
         excess = len(current) + len(old) - (desired + 1)  # one surge may run beside them
@@ -90,18 +92,18 @@ class TransitionRules:
             states[r.id] = S.STOPPING
             coming.remove(r)
         total = len(current_ready) + len(coming) + len(old)
-        if total < desired or (coming and total == desired):
-            name = f"r{(in_place or old)[0].id} in place"
+        if in_place and (total < desired or (coming and total == desired)):
+            name = f"r{in_place[0].id} in place"
         else:
-            name = f"r{old[0].id}"
-        if coming:
-            outcome.reason = (f"replacing {name}: surge r{coming[0].id} starting" if total > desired
-                              else f"replacing {name}: r{coming[0].id} starting")
-            return True
-        if total < desired:
+            name = f"r{(old or in_place)[0].id}"
+        if total < desired:  # an in-place replacement's slot, or wanted higher: place what is missing
             if not self._wait_out_backoff(m, outcome):
                 self._place(m, desired - total, self._active(m.id), outcome)
             outcome.reason = f"replacing {name}: {outcome.reason}"
+            return True
+        if coming:
+            outcome.reason = (f"replacing {name}: surge r{coming[0].id} starting" if total > desired
+                              else f"replacing {name}: r{coming[0].id} starting")
             return True
         if in_place:  # its room comes back for the next surge: one replacement at a time
             outcome.reason = f"replacing {name}: waiting for r{in_place[0].id} to stop"
@@ -112,7 +114,8 @@ class TransitionRules:
         fits, _ = self._candidate_rooms(m, active, {})
         if fits:
             _, agent_id, gpus = fits[0]
-            outcome.reason = self._place_at(m, agent_id, gpus, lambda where: f"replacing {name}: surge starting on {where}")
+            outcome.reason = self._place_at(m, agent_id, gpus,
+                                            lambda where: f"replacing {name}: surge starting on {where}")
             return True
         if m.failures:
             outcome.reason = (f"{len(old)} outdated replica(s) still serving: no room for a surge, and the current "

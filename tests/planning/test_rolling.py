@@ -219,3 +219,10 @@ def test_a_deleted_models_gpus_are_not_given_away_until_its_engines_are_reported
     # Reported stopped (no longer in the snapshot): the GPU is free.
     result = plan(snap([agent(gpus=1)], [model(id=2, name="new")], []), NOW)
     assert [p.gpu_indices for p in result.places] == [(0,)]
+
+
+def test_a_model_wanted_higher_during_a_roll_gets_its_missing_replicas_at_once():
+    replicas = [rep(1, outdated=True, gpu=0), rep(2, gpu=1), rep(3, S.STARTING, gpu=2)]
+    result = plan(snap([agent(gpus=5)], [model(min_replicas=4, max_replicas=4)], replicas), NOW)
+    assert len(result.places) == 1 and result.moves == []
+    assert result.models[1].reason.startswith("replacing r1: placed on gpu-1")
