@@ -637,8 +637,8 @@ class PlanningPass(TransitionRules):
 
     def _cancel_drains(self, m: ModelView, missing: int) -> int:
         """A replica of ``m`` still draining on a usable agent is warm: serving again beats a
-        cold start (unless it is outdated, R10). Up to ``missing`` of them, newest first, are ready again; returns how many
-        (docs/architecture.md, R8)."""
+        cold start (unless it is outdated, R10). Up to ``missing`` of them, newest first, are
+        ready again; returns how many (docs/architecture.md, R8)."""
         states, unusable = self.states, self.unusable
         warm = (r for r in self.by_model[m.id]
                 if states[r.id] == S.DRAINING and not r.outdated and not unusable.get(r.agent_id))
