@@ -255,6 +255,8 @@ def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_a
     row = cluster_status()["replicas"][0]
     assert (row["outdated"], row["note"]) == (True, "outdated, being replaced")
     assert "outdated, being replaced" in llmgw("status")[1]
+    assert f"replica {r.pk:>5} on cpu-1" in llmgw("explain", "m")[1]
+    assert "[outdated, being replaced]" in llmgw("explain", "m")[1]
     shown = explain_model(m)["replicas"][0]
     assert (shown["outdated"], shown["note"]) == (True, "outdated, being replaced")
     holders = [h for a in dashboard.load().agents for h in a.cpu_holders]
