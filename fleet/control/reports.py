@@ -227,7 +227,9 @@ def _fraction(value) -> float | None:
 def desired_set(agent_id: int) -> protocol.Assign:
     """The full set of replicas ``agent_id`` must run, with the generation it reflects.
     Lost replicas stay in it: an agent that comes back keeps their engines running until
-    the planner has decided which of the duplicates go."""
+    the planner has decided which of the duplicates go. So do draining replicas of a deleted
+    model (``model`` None: the name they were placed under, no weights), so the agent does
+    not kill them before the drain (docs/architecture.md, "Replica state machine")."""
     generation = Agent.objects.values_list("generation", flat=True).get(pk=agent_id)
     replicas: list[protocol.AssignedReplica] = []
     assigned = [s.value for s in ASSIGNED_TO_AGENT] + [S.LOST.value]
@@ -241,8 +243,8 @@ def desired_set(agent_id: int) -> protocol.Assign:
         replicas.append(
             {
                 "replica_id": r.pk,
-                "served_name": r.model.name,
-                "weights": r.model.weights,
+                "served_name": r.model.name if r.model is not None else r.model_name,
+                "weights": r.model.weights if r.model is not None else "",
                 "command": p.command,
                 "env": dict(p.env or {}),
                 "gpu_indices": list(r.gpu_indices or []),

@@ -539,8 +539,9 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     listening = planes.listening_since(now)
     if listening is not None and listening > heard_since:
         heard_since = datetime.min.replace(tzinfo=now.tzinfo)
+    # A deleted model's replicas (model None) leave routing at once, before a pass drains them.
     rows = Replica.objects.filter(
-        state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
+        state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP], model__isnull=False,
     ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
                   "engine_key")
     silent: dict[int, dict[str, datetime]] = defaultdict(dict)
