@@ -24,14 +24,15 @@ class TransitionRules:
     __slots__ = ()
 
     def _drain_deleted(self) -> None:
-        """Replicas whose model was deleted (``model_id`` None, or a model no longer in the
-        snapshot) are surplus of nothing: ready → draining (out of routing at once), not yet
+        """Replicas whose model was deleted (``model_id`` None; a replica of a model merely
+        left out of this snapshot, as the simulator's partial passes do, is not one) are
+        surplus of nothing: ready → draining (out of routing at once), not yet
         ready or lost → stopping; draining ones stop by R8 (:meth:`_stop_drained`) on a later
         pass. Their resources stay held until the agent reports the engine stopped
         (``HOLDS_RESOURCES``). docs/architecture.md, "Replica state machine": deletes drain."""
-        states, models, actions = self.states, self.models, self.plan.actions
+        states, actions = self.states, self.plan.actions
         for r in self.snapshot.replicas:
-            if r.model_id is not None and r.model_id in models:
+            if r.model_id is not None:
                 continue
             state = states[r.id]
             if state == S.READY:
