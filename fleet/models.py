@@ -218,7 +218,15 @@ class Replica(models.Model):
 
     State = models.TextChoices("State", [(s.name, s.value) for s in ReplicaState])
 
-    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replicas")
+    #: Null once its model was deleted: the row stays (draining, then stopping) while its
+    #: engine may run, so its resources stay counted (docs/architecture.md, "Replica state
+    #: machine": deletes drain). ``model_name`` keeps what to call it.
+    model = models.ForeignKey(Model, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas")
+    #: The model's name when it was placed (its engine's served name), kept after a delete.
+    model_name = models.CharField(max_length=128, blank=True, default="")
+    #: ``fleet.control.specs.spec_hash`` of what it was started from; "" = unknown (a row from
+    #: before hashes), treated as current (docs/architecture.md, R10).
+    spec_hash = models.CharField(max_length=64, blank=True, default="")
     profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="replicas")
     gpu_indices = models.JSONField(default=list, blank=True)
@@ -254,7 +262,22 @@ class Replica(models.Model):
         ordering = ["-id"]
 
     def __str__(self) -> str:
-        return f"r{self.pk} {self.model_id and self.model.name} on {self.agent_id and self.agent.name}"
+        return f"r{self.pk} {self.shown_model_name} on {self.agent_id and self.agent.name}"
+
+    def save(self, *args, **kwargs) -> None:
+        """A new row records its model's name (``model_name``), which it keeps if the model
+        is deleted; ``apply_plan`` sets it itself."""
+        if self._state.adding and not self.model_name and self.model is not None:
+            self.model_name = self.model.name
+        super().save(*args, **kwargs)
+
+    @property
+    def shown_model_name(self) -> str:
+        """Its model's name, or for a deleted model the name it was placed under, marked
+        "(deleted)" (loads ``model`` unless selected)."""
+        if self.model is not None:  # no query when model_id is None
+            return self.model.name
+        return f"{self.model_name or '?'} (deleted)"
 
     @property
     def url(self) -> str:

@@ -10,7 +10,7 @@ import errno
 import ipaddress
 import re
 import socket
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 PROTOCOL_VERSION = 1
 
@@ -62,9 +62,22 @@ class Status(TypedDict):
     inventory: Inventory
 
 
+#: One replica's load on a heartbeat: ``[replica_id, running, waiting]``, each count None
+#: when the engine's metrics did not give it (docs/architecture.md, "Agent protocol").
+ReplicaLoad = list  # [int, int | None, int | None]: JSON has no tuples
+
+
 class Heartbeat(TypedDict):
+    """Sent every ``--heartbeat-s`` when there is no status to send. ``loads``: the load of
+    every ready replica as the agent last read it from the engine's metrics, a replica whose
+    load is unknown left out (docs/architecture.md, R7: staleness means silence, not a
+    steady engine). Optional both ways: an agent from before it sends a bare heartbeat, and
+    a control plane from before it ignores the field (``check_message`` reads only ``type``
+    and ``v``)."""
+
     type: Literal["heartbeat"]
     v: int
+    loads: NotRequired[list[ReplicaLoad]]
 
 
 class AssignedReplica(TypedDict, total=False):
@@ -291,9 +304,26 @@ def _check_replicas(message: dict) -> None:
                 _require(report, key, kinds, what, where="replicas[]")
 
 
+def _check_loads(message: dict) -> None:
+    _require(message, "loads", (list,), "a list", optional=True)
+    loads = message.get("loads") or []
+    if len(loads) > MAX_REPLICA_REPORTS:
+        raise ProtocolError(f"heartbeat: {len(loads)} loads (at most {MAX_REPLICA_REPORTS})")
+    for load in loads:
+        if not isinstance(load, list) or len(load) != 3:
+            raise ProtocolError("heartbeat: every load must be [replica_id, running, waiting]")
+        replica_id, *counts = load
+        if isinstance(replica_id, bool) or not isinstance(replica_id, int):
+            raise ProtocolError(f"heartbeat: a load's replica_id must be an integer, not {type(replica_id).__name__}")
+        for count in counts:
+            if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))):
+                raise ProtocolError(f"heartbeat: a load's counts must be numbers or null, not {type(count).__name__}")
+
+
 def check_fields(message: dict) -> dict:
-    """Check the type of every field of an agent's ``hello`` or ``status`` (the shapes of
-    :class:`Hello` and :class:`Status`) and the sizes of its lists; ``heartbeat`` has none.
+    """Check the type of every field of an agent's ``hello``, ``status`` or ``heartbeat``
+    (the shapes of :class:`Hello`, :class:`Status` and :class:`Heartbeat`) and the sizes of
+    its lists.
     Returns ``message``; raises ProtocolError naming the first bad field, so a lying or
     broken agent gets an answer and nothing of its message is recorded."""
     kind = message.get("type")
@@ -308,11 +338,28 @@ def check_fields(message: dict) -> dict:
     elif kind == "status":
         _check_inventory(message, optional=True)
         _check_replicas(message)
+    elif kind == "heartbeat":
+        _check_loads(message)
     return message
 
 
-def heartbeat() -> Heartbeat:
-    return {"type": "heartbeat", "v": PROTOCOL_VERSION}
+def loads_of(reports: list[ReplicaReport]) -> list[ReplicaLoad]:
+    """The ``loads`` of a heartbeat from an agent's replica reports: ``[replica_id,
+    running, waiting]`` for each ready replica whose load is known (at least one of the
+    two counts), in report order."""
+    return [
+        [r["replica_id"], r.get("running"), r.get("waiting")]
+        for r in reports
+        if r.get("state") == "ready" and (r.get("running") is not None or r.get("waiting") is not None)
+    ]
+
+
+def heartbeat(loads: list[ReplicaLoad] | None = None) -> Heartbeat:
+    """A heartbeat; with ``loads`` (see :class:`Heartbeat`) unless there are none."""
+    message: Heartbeat = {"type": "heartbeat", "v": PROTOCOL_VERSION}
+    if loads:
+        message["loads"] = list(loads)
+    return message
 
 
 def restart_agent() -> RestartAgent:

@@ -42,7 +42,7 @@ from llmgw import integers
 from catalog.models import Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
-from gateway import cache, endpoints, metrics, sse, validation
+from gateway import cache, endpoints, held, metrics, sse, validation
 from gateway.auth import Caller, authenticate, forbidden
 from gateway.errors import openai_error
 from gateway.routing import choose
@@ -284,7 +284,11 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
             ex.finish(499)  # the client went away before the answer's headers
             raise
         return await _relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
-    found = await _find_replica(model)
+    try:
+        found = await _find_replica(model)
+    except asyncio.CancelledError:
+        ex.finish(499)  # the client went away while held (the server cancels the view)
+        raise
     if isinstance(found, HttpResponse):
         return ex.answer(found)
     return await _forward(model, path, found, content, headers, ex, strip_usage)
@@ -329,18 +333,23 @@ def _upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
 
 
 async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:
-    """A ready replica of ``model``, waiting for one while it is loading (cold start)."""
+    """A ready replica of ``model``, holding the request while one may come (cold start):
+    until a route appears, ``gateway.held.verdict`` answers from a refresh of the view, or
+    the cold-start timeout runs out (503 ``model_loading``). docs/architecture.md,
+    "Gateway rules": cold start."""
     view = live.current_view()
     endpoints = view.routes.get(model.id)
     if endpoints:
         return choose(endpoints)
     status = view.status.get(model.id, ModelStatus())
-    if not model.on_demand and status.coming_up == 0:
-        return _unavailable(model, status)
+    early = held.verdict(model.name, model.on_demand, status, view, timezone.now())
+    if early is not None:
+        return early
     trust_after = time.monotonic()
     if model.on_demand:
-        await sync_to_async(live.want_model)(model.id)
+        await _want(model.id)
         trust_after = time.monotonic()
+    hold = held.hold_start(status, trust_after)
     timeout_s = view.cold_start_timeout_s
     log.info("holding a request for %s while it starts (up to %.0f s)", model.name, timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -356,13 +365,10 @@ async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResp
                 endpoints = view.routes.get(model.id)
                 if endpoints:
                     return choose(endpoints)
-                if view.stopped:
-                    return openai_error(503, "The cluster is stopped by its operators.", code="system_stopped")
-                status = view.status.get(model.id, ModelStatus())
-                if view.started_at >= trust_after and status.unservable:
-                    return _unavailable(model, status)
-                if not model.on_demand and status.coming_up == 0 and view.started_at >= trust_after:
-                    return _unavailable(model, status)
+                answer = held.verdict(model.name, model.on_demand, view.status.get(model.id, ModelStatus()), view,
+                                      timezone.now(), hold)
+                if answer is not None:
+                    return answer
     finally:
         metrics.HELD.dec()
     retry_after = max(1, int(min(timeout_s, 30)))
@@ -374,10 +380,28 @@ async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResp
     )
 
 
-def _unavailable(model: Model | cache.CachedModel, status: ModelStatus) -> HttpResponse:
-    reason = status.reason or "no replica is placed yet"
-    return openai_error(503, f"No ready replica for '{model.name}': {reason}", code="model_unavailable",
-                        headers={"Retry-After": "10"})
+#: Model id → the want in progress for it: concurrent held requests of a model share one
+#: (one ``ModelState`` write and one pass request for a burst, not one each).
+_wants: dict[int, asyncio.Future] = {}
+
+
+async def _want(model_id: int) -> None:
+    """``live.want_model`` for ``model_id``, joined by every request that asks while it
+    runs; a request cancelled meanwhile (its client gone) leaves the want to the others."""
+    loop = asyncio.get_running_loop()
+    task = _wants.get(model_id)
+    if task is None or task.done() or task.get_loop() is not loop:
+        task = loop.create_task(sync_to_async(live.want_model)(model_id))
+        _wants[model_id] = task
+
+        def done(t: asyncio.Future, key: int = model_id) -> None:
+            if _wants.get(key) is t:
+                del _wants[key]
+            if not t.cancelled():
+                t.exception()  # retrieved: every waiter that is left raises it
+
+        task.add_done_callback(done)
+    await asyncio.shield(task)
 
 
 def _upstream_headers(request: HttpRequest, model: Model | cache.CachedModel) -> dict[str, str]:

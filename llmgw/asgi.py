@@ -11,6 +11,13 @@ when something asks for the host (``ALLOWED_HOSTS``: 400 for any other name, so 
 page rebound to this address cannot use ``/v1/`` or read ``/metrics``). Everything else (admin, API, dashboard)
 keeps the full handler. In front of both, ``llmgw.limits.BodyLimits`` reads each request
 body within its size limit and deadline (413 / 408 before any Django work).
+
+A client that hangs up is seen by both handlers at no cost to the others: once the body is
+read, Django's ``ASGIHandler.handle`` waits on ``receive()`` beside the view
+(``listen_for_disconnect``; ``BodyLimits`` passes every later ``receive()`` to the server)
+and cancels the view on ``http.disconnect``. A request held for a cold start ends there:
+it leaves ``fleet.live.holding()`` (no longer counted, the watcher back to its normal
+cadence) and is recorded 499 (``gateway/proxy.py``).
 """
 
 import logging

@@ -148,11 +148,16 @@ class Agent:
                     await sender
 
     async def _send_loop(self, ws) -> None:
+        """A status whenever something changed; otherwise a heartbeat every ``heartbeat_s``
+        that carries every ready replica's load as last read from its engine's metrics (the
+        engine manager reads them every ``load_poll_s`` whether or not they change), so the
+        control plane's load stamp stays fresh while the load is steady (docs/architecture.md,
+        R7 and "Agent protocol": heartbeat)."""
         while True:
             try:
                 await asyncio.wait_for(self._status_due.wait(), self.options.heartbeat_s)
             except asyncio.TimeoutError:
-                await ws.send(json.dumps(protocol.heartbeat()))
+                await ws.send(json.dumps(protocol.heartbeat(protocol.loads_of(self.manager.reports()))))
                 continue
             self._status_due.clear()
             status: protocol.Status = {

@@ -18,6 +18,7 @@ from django_q.tasks import async_task
 from catalog.models import Model
 from fleet.control.planes import holder_id
 from fleet.control.snapshot import load_snapshot
+from fleet.control.specs import spec_hash
 from fleet.groups import nudge_agents
 from fleet.models import Agent, ModelState, PassLock, Replica, ScalingEvent
 from fleet.planning import planner
@@ -29,7 +30,10 @@ MAX_PASSES_PER_RUN = 20
 
 
 def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datetime | None] | None = None) -> set[int]:
-    """Write a plan's actions and outcomes; returns the agents whose desired set moved."""
+    """Write a plan's actions and outcomes; returns the agents whose desired set moved. A
+    placed row records its model's name and the hash of the spec it starts from
+    (``fleet.control.specs.spec_hash``, docs/architecture.md, R10), read in the same
+    transaction that creates it."""
     touched: set[int] = set()
     models = {m.id: m for m in Model.objects.select_related("profile").filter(
         id__in=[p.model_id for p in result.places]
@@ -41,7 +45,8 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
         if isinstance(action, planner.Place):
             model = models[action.model_id]
             Replica.objects.create(
-                model=model, profile=model.profile, agent_id=action.agent_id,
+                model=model, model_name=model.name, spec_hash=spec_hash(model, model.profile),
+                profile=model.profile, agent_id=action.agent_id,
                 gpu_indices=list(action.gpu_indices), cpu_cores=action.cpu_cores,
                 memory_mib=action.memory_mib, state=ReplicaState.PLACING.value,
                 reason=action.reason,

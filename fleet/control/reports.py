@@ -120,6 +120,23 @@ def forget_unreported(agent_id: int, reported: list[protocol.ReplicaReport]) -> 
     return gone
 
 
+def heartbeat_loads(message: protocol.Heartbeat) -> dict[int, tuple[int | None, int | None]]:
+    """Replica id → (running, waiting) from a heartbeat's ``loads`` (checked by
+    ``protocol.check_fields``); a count that is not a non-negative integer is unknown (None),
+    an entry without a usable replica id is skipped. An old agent's bare heartbeat gives {}.
+    The web process's ``HeartbeatStamps`` writes them (``fleet.live.watch``), stamped on
+    arrival: docs/architecture.md, "Crossing processes": heartbeats."""
+    out: dict[int, tuple[int | None, int | None]] = {}
+    loads = message.get("loads")
+    for load in loads if isinstance(loads, list) else []:
+        if not isinstance(load, list) or len(load) != 3:
+            continue
+        replica_id = _count(load[0], 2**62)
+        if replica_id is not None:
+            out[replica_id] = (_count(load[1]), _count(load[2]))
+    return out
+
+
 def record_status(agent_id: int, message: protocol.Status) -> None:
     agent = Agent.objects.get(pk=agent_id)
     if message.get("inventory") and record_inventory(agent, message["inventory"]):
@@ -210,7 +227,9 @@ def _fraction(value) -> float | None:
 def desired_set(agent_id: int) -> protocol.Assign:
     """The full set of replicas ``agent_id`` must run, with the generation it reflects.
     Lost replicas stay in it: an agent that comes back keeps their engines running until
-    the planner has decided which of the duplicates go."""
+    the planner has decided which of the duplicates go. So do draining replicas of a deleted
+    model (``model`` None: the name they were placed under, no weights), so the agent does
+    not kill them before the drain (docs/architecture.md, "Replica state machine")."""
     generation = Agent.objects.values_list("generation", flat=True).get(pk=agent_id)
     replicas: list[protocol.AssignedReplica] = []
     assigned = [s.value for s in ASSIGNED_TO_AGENT] + [S.LOST.value]
@@ -224,8 +243,8 @@ def desired_set(agent_id: int) -> protocol.Assign:
         replicas.append(
             {
                 "replica_id": r.pk,
-                "served_name": r.model.name,
-                "weights": r.model.weights,
+                "served_name": r.model.name if r.model is not None else r.model_name,
+                "weights": r.model.weights if r.model is not None else "",
                 "command": p.command,
                 "env": dict(p.env or {}),
                 "gpu_indices": list(r.gpu_indices or []),

@@ -13,6 +13,7 @@ from django.db.models import Q, Sum
 from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
 from catalog.schedules import active_window
 from fleet.control.planes import listening_since
+from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, Gpu, ModelState, Replica, UsageReport
 from fleet.planning import planner
 from fleet.planning.scaling import Load, ScalingPolicy
@@ -72,7 +73,9 @@ def in_flight_since_draining(now: datetime, draining: list[Replica]) -> dict[int
 
 
 def load_snapshot(now: datetime) -> planner.Snapshot:
-    """Read everything one pass needs in a handful of queries."""
+    """Read everything one pass needs in a handful of queries. Each model carries its
+    current spec hash and each replica whether it is outdated (docs/architecture.md, R10);
+    a replica whose model was deleted has ``model_id`` None."""
     cluster = ClusterSettings.get_solo()
     gpus = defaultdict(list)
     for gpu in Gpu.objects.all():
@@ -105,6 +108,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
     measured = {(b.model_id, b.profile_id): b.max_concurrency for b in Benchmark.objects.all()}
     loads = _loads(now, in_flight)
     models = []
+    hashes: dict[int, str] = {}
     for m in Model.objects.select_related("profile"):
         window = active_window(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
         p = m.profile
@@ -113,6 +117,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
             profile = planner.ProfileView(p.id, p.gpus_needed, p.gpu_memory_mib, p.cpu_cores, p.memory_mib)
         state = states.get(m.id)
         fails = failures.get(m.id, [])
+        hashes[m.id] = spec_hash(m, p)
         models.append(
             planner.ModelView(
                 id=m.id, name=m.name, profile=profile, min_replicas=m.min_replicas,
@@ -130,6 +135,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 measured_per_replica=measured.get((m.id, m.profile_id)),
                 failures=tuple(f.state_changed_at for f in fails[-10:]),
                 last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
+                spec_hash=hashes[m.id],
             )
         )
     drained = in_flight_since_draining(now, [r for r in replica_rows if r.state == ReplicaState.DRAINING.value])
@@ -140,6 +146,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
             state_changed_at=r.state_changed_at, last_used_at=r.last_used_at,
             in_flight=drained.get(r.id) if r.state == ReplicaState.DRAINING.value else in_flight.get(r.id),
             back=is_back(r),
+            outdated=r.model_id in hashes and is_outdated(r.spec_hash, hashes[r.model_id]),
         )
         for r in replica_rows
     )

@@ -11,7 +11,8 @@ What the gateway may do:
 * read :func:`current_view` (no I/O) or :func:`fresh_view` (refreshes once if this process
   has no picture yet);
 * hold a request for a cold start inside :func:`holding` (the watcher refreshes faster
-  while anyone holds) and :func:`wait_for_change`;
+  while anyone holds; a request cancelled because its client went away leaves it, so it
+  stops counting at once) and :func:`wait_for_change`;
 * count requests per replica with :func:`begin_request` / :func:`end_request` and read
   :func:`in_flight` for routing;
 * ask for an on-demand model with :func:`want_model` (blocking; ORM);
@@ -26,11 +27,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fleet.control.demand import want as want_model
-from fleet.live.watch import Endpoint, ModelStatus, View, usage, watcher
+from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, usage, watcher
 
 __all__ = [
-    "Endpoint", "ModelStatus", "View", "add_loader", "begin_request", "current_view", "end_request",
-    "fresh_view", "holding", "in_flight", "stop", "wait_for_change", "want_model",
+    "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "current_view",
+    "end_request", "fresh_view", "holding", "in_flight", "stop", "wait_for_change", "want_model",
 ]
 
 

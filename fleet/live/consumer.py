@@ -244,7 +244,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _handle(self, message: dict) -> None:
         kind = message["type"]
         if kind == "heartbeat":
-            heartbeats.stamp(self.agent_id)
+            # Its loads are written with the stamps, batched (fleet.live.watch.HeartbeatStamps).
+            heartbeats.stamp(self.agent_id, reports.heartbeat_loads(message))
         elif kind == "hello":
             await database_sync_to_async(reports.record_hello)(self.agent_id, message)
             await self.push_assign(force=True)

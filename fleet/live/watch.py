@@ -34,7 +34,8 @@ from typing import Any, Callable, Protocol
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.db.models import Q, Sum
+from django.db.models import Case, IntegerField, Q, Sum, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from catalog.models import ClusterSettings
@@ -65,11 +66,51 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Failures:
+    """A model's replica failures that count for its backoff (docs/architecture.md, R9):
+    those of the last hour since one of its replicas last stayed ready for
+    ``LLMGW_BACKOFF_RESET_AFTER`` (as far as the failed rows tell: a replica that ran that
+    long and then stopped is not read, so ``count`` may be over, never under).
+
+    ``last_at`` is when the newest failed (its row's ``state_changed_at``), ``last_error``
+    the last line of its error, ``retry_at`` when the planner may place again:
+    ``last_at + min(LLMGW_BACKOFF_BASE · 2^(count-1), LLMGW_BACKOFF_CAP)``, the rule of
+    ``fleet.planning.planner.backoff_remaining_s``."""
+
+    count: int
+    last_at: datetime
+    last_error: str
+    retry_at: datetime
+
+
+@dataclass(frozen=True)
+class SilentAgent:
+    """An agent holding ready replicas of a model that routing dropped: silent for more
+    than ``LLMGW_AGENT_ROUTE_GRACE`` but not yet declared lost. ``silent_since`` is when
+    its silence started counting (its last message, or when the control plane could
+    listen again if that is later: the planner's ``silent_for_s``)."""
+
+    name: str
+    silent_since: datetime
+
+
+@dataclass(frozen=True)
 class ModelStatus:
+    """What the last refresh knows of one model besides its routes.
+
+    ``unservable``/``reason``/``desired``: the last pass's verdict (``ModelState``);
+    ``looked_at``: a pass recorded one (``reason_at`` set); ``coming_up``: replicas placing,
+    downloading or starting; ``failures``: its crash loop, None without recent failures;
+    ``silent_agents``: agents whose ready replicas of it are out of routing, by name."""
+
     unservable: bool = False
     reason: str = ""
     coming_up: int = 0
     wanted_at: datetime | None = None
+    looked_at: bool = False
+    desired: int = 0
+    failures: Failures | None = None
+    silent_agents: tuple[SilentAgent, ...] = ()
 
 
 @dataclass
@@ -80,6 +121,8 @@ class View:
     status: dict[int, ModelStatus] = field(default_factory=dict)
     stopped: bool = False
     cold_start_timeout_s: float = 300.0
+    #: ``LLMGW_AGENT_LOST_AFTER`` when the refresh ran: how long a silent agent keeps its replicas.
+    agent_lost_after_s: float = 20.0
     started_at: float = 0.0
     version: int = 0
     #: What :attr:`Watcher.extra_loaders` returned (merged), loaded in the same refresh.
@@ -151,42 +194,102 @@ class UsageRecorder:
 
 class HeartbeatStamps:
     """When each agent's latest message reached this process (stamped on arrival, by this
-    clock), kept in memory and written in a few UPDATEs per flush. A stamp that cannot be
-    written (database away) is kept for the next flush, so the agents' silence is never
-    the control plane's own. Stamps only move ``last_seen_at`` forwards."""
+    clock), and the replica loads its heartbeats carried, kept in memory and written in a
+    few UPDATEs per flush. A stamp that cannot be written (database away) is kept for the
+    next flush, so the agents' silence is never the control plane's own. Stamps only move
+    ``last_seen_at`` and ``load_reported_at`` forwards.
+
+    Loads (docs/architecture.md, "Crossing processes": heartbeats): a replica's load is
+    written when it differs from what this process last wrote for it, or when that write is
+    ``LLMGW_LOAD_STALE / 3`` old — so a steady load costs one write per replica every few
+    heartbeats, not one per heartbeat, and the stamp the reconciler reads is never older
+    than that third plus one heartbeat interval (10 s with the defaults, under the 15 s
+    after which a load counts as unknown). All the loads of a flush go out in one UPDATE per
+    distinct stamp (rounded to ``RESOLUTION_S``), each row only where the reporting agent
+    runs that replica."""
 
     #: Stamps are written rounded down to this (seconds): one UPDATE per distinct value.
     RESOLUTION_S = 0.1
+    #: Most rows one load UPDATE names (SQLite's bound on query parameters).
+    LOAD_BATCH = 200
 
     def __init__(self) -> None:
         self.pending: dict[int, datetime] = {}
+        #: Replica id → (agent id, running, waiting, arrival), waiting for the next flush.
+        self.pending_loads: dict[int, tuple[int, int | None, int | None, datetime]] = {}
+        #: Replica id → (running, waiting, stamp) this process last wrote.
+        self.written_loads: dict[int, tuple[int | None, int | None, datetime]] = {}
         self._lock = threading.Lock()  # stamp() runs in database_sync_to_async threads
 
-    def stamp(self, agent_id: int) -> None:
-        now = timezone.now()
+    def stamp(self, agent_id: int, loads: dict[int, tuple[int | None, int | None]] | None = None,
+              now: datetime | None = None) -> None:
+        """Agent ``agent_id`` was heard at ``now`` (default: this clock), with ``loads``
+        (replica id → (running, waiting), ``fleet.control.reports.heartbeat_loads``)."""
+        now = now or timezone.now()
+        refresh = timedelta(seconds=settings.LLMGW_LOAD_STALE_S / 3)
         with self._lock:
             self.pending[agent_id] = now
+            for replica_id, (running, waiting) in (loads or {}).items():
+                written = self.written_loads.get(replica_id)
+                if written is not None and written[:2] == (running, waiting) and now - written[2] < refresh:
+                    continue  # unchanged, and its stamp is still fresh enough
+                self.pending_loads[replica_id] = (agent_id, running, waiting, now)
 
     def flush(self) -> int:
-        """Write pending stamps (blocking; ORM). Returns how many agents were stamped."""
+        """Write pending stamps and loads (blocking; ORM). Returns how many agents were
+        stamped."""
         with self._lock:
             pending, self.pending = self.pending, {}
-        if not pending:
+            loads, self.pending_loads = self.pending_loads, {}
+        if not pending and not loads:
             return 0
         by_stamp: dict[datetime, list[int]] = defaultdict(list)
         for agent_id, at in pending.items():
-            rounded = at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S
-            by_stamp[datetime.fromtimestamp(rounded, tz=at.tzinfo)].append(agent_id)
+            by_stamp[self._rounded(at)].append(agent_id)
         try:
             for at, ids in sorted(by_stamp.items()):
                 Agent.objects.filter(Q(last_seen_at__lt=at) | Q(last_seen_at__isnull=True), id__in=ids).update(
                     last_seen_at=at)
+            self._write_loads(loads)
         except Exception:
             with self._lock:  # keep them, unless a newer stamp arrived meanwhile
                 for agent_id, at in pending.items():
                     self.pending.setdefault(agent_id, at)
+                for replica_id, load in loads.items():
+                    self.pending_loads.setdefault(replica_id, load)
             raise
         return len(pending)
+
+    def _rounded(self, at: datetime) -> datetime:
+        return datetime.fromtimestamp(at.timestamp() // self.RESOLUTION_S * self.RESOLUTION_S, tz=at.tzinfo)
+
+    @staticmethod
+    def _by_row(batch: list[tuple], column: int) -> Cast:
+        """``CASE id WHEN … THEN count END`` over ``batch``, cast to an integer: a CASE of
+        nothing but NULLs would otherwise be text to PostgreSQL."""
+        count = IntegerField()
+        return Cast(Case(*[When(pk=row[0], then=Value(row[column], output_field=count)) for row in batch],
+                         output_field=count), count)
+
+    def _write_loads(self, loads: dict[int, tuple[int, int | None, int | None, datetime]]) -> None:
+        by_stamp: dict[datetime, list[tuple[int, int, int | None, int | None]]] = defaultdict(list)
+        for replica_id, (agent_id, running, waiting, at) in loads.items():
+            by_stamp[self._rounded(at)].append((replica_id, agent_id, running, waiting))
+        for at, rows in sorted(by_stamp.items()):
+            for i in range(0, len(rows), self.LOAD_BATCH):
+                batch = rows[i:i + self.LOAD_BATCH]
+                mine = Q()
+                for agent_id in {row[1] for row in batch}:
+                    mine |= Q(agent_id=agent_id, pk__in=[row[0] for row in batch if row[1] == agent_id])
+                Replica.objects.filter(mine).filter(Q(load_reported_at__lt=at) | Q(load_reported_at__isnull=True)).update(
+                    load_running=self._by_row(batch, 2), load_waiting=self._by_row(batch, 3), load_reported_at=at)
+        with self._lock:
+            for replica_id, (_, running, waiting, at) in loads.items():
+                self.written_loads[replica_id] = (running, waiting, at)
+            if len(self.written_loads) > 2 * len(loads) + 1000:  # forget replicas no longer heard of
+                horizon = max(at for _, _, at in self.written_loads.values()) - timedelta(
+                    seconds=settings.LLMGW_LOAD_STALE_S)
+                self.written_loads = {rid: w for rid, w in self.written_loads.items() if w[2] >= horizon}
 
 
 class Watcher:
@@ -345,7 +448,7 @@ class Watcher:
         await sync_to_async(register_web_process, thread_sensitive=False)()
 
     async def flush_heartbeats(self) -> None:
-        if heartbeats.pending:
+        if heartbeats.pending or heartbeats.pending_loads:
             await sync_to_async(heartbeats.flush, thread_sensitive=False)()
 
     async def flush_usage(self, force: bool = False) -> None:
@@ -387,6 +490,38 @@ def _token_hashes(agent_ids: list[int]) -> dict[int, str]:
     return dict(Agent.objects.filter(id__in=agent_ids).values_list("id", "token_sha256"))
 
 
+def _silent_agents(by_name: dict[str, datetime] | None) -> tuple[SilentAgent, ...]:
+    return tuple(SilentAgent(name, since) for name, since in sorted((by_name or {}).items()))
+
+
+#: How far back failures count for backoff, as in ``fleet.control.snapshot.load_snapshot``.
+FAILURE_HORIZON = timedelta(hours=1)
+
+
+def _failures(now: datetime) -> dict[int, Failures]:
+    """Model id → its crash loop (:class:`Failures`), from one query on the failed
+    replicas of the last hour (blocking; ORM). A failed replica that had stayed ready for
+    ``LLMGW_BACKOFF_RESET_AFTER`` forgives the failures before it (``proved_stable``)."""
+    stable = timedelta(seconds=settings.LLMGW_BACKOFF_RESET_AFTER_S)
+    by_model: dict[int, list[tuple[datetime, str]]] = defaultdict(list)
+    rows = Replica.objects.filter(
+        state=ReplicaState.FAILED.value, state_changed_at__gte=now - FAILURE_HORIZON,
+    ).order_by("state_changed_at", "id").values_list("model_id", "state_changed_at", "ready_at", "error")
+    for model_id, failed_at, ready_at, error in rows:
+        if ready_at is not None and failed_at - ready_at >= stable:
+            by_model[model_id].clear()  # it proved the model runs: the loop starts over
+        by_model[model_id].append((failed_at, error))
+    base_s, cap_s = settings.LLMGW_BACKOFF_BASE_S, settings.LLMGW_BACKOFF_CAP_S
+    out: dict[int, Failures] = {}
+    for model_id, failed in by_model.items():
+        n = len(failed)
+        last_at, error = failed[-1]
+        wait_s = min(base_s * 2 ** (n - 1), cap_s)
+        line = next((ln.strip() for ln in reversed((error or "").strip().splitlines()) if ln.strip()), "")
+        out[model_id] = Failures(n, last_at, line[:300], last_at + timedelta(seconds=wait_s))
+    return out
+
+
 def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
                loaders: tuple[Callable[[], dict[str, Any]], ...] = ()) -> tuple[View, AgentGenerations]:
     """One refresh (blocking; ORM): the picture for the gateway, and the generations of
@@ -404,23 +539,34 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     listening = planes.listening_since(now)
     if listening is not None and listening > heard_since:
         heard_since = datetime.min.replace(tzinfo=now.tzinfo)
+    # A deleted model's replicas (model None) leave routing at once, before a pass drains them.
     rows = Replica.objects.filter(
-        state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP],
+        state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP], model__isnull=False,
     ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
                   "engine_key")
+    silent: dict[int, dict[str, datetime]] = defaultdict(dict)
     for rid, model_id, state, port, address, agent_name, last_seen, key in rows:
         if state == ReplicaState.READY.value:
             if last_seen is not None and last_seen >= heard_since and port:
                 routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key))
+            elif last_seen is not None:
+                silent[model_id][agent_name] = max(last_seen, listening) if listening is not None else last_seen
         else:
             coming[model_id] += 1
     view.routes = {k: tuple(sorted(v, key=lambda e: e.replica_id)) for k, v in routes.items()}
-    for model_id, unservable, reason, wanted_at in ModelState.objects.values_list(
-        "model_id", "unservable", "reason", "wanted_at"
+    view.agent_lost_after_s = float(settings.LLMGW_AGENT_LOST_AFTER_S)
+    failures = _failures(now)
+    seen: set[int] = set()
+    for model_id, unservable, reason, wanted_at, reason_at, desired in ModelState.objects.values_list(
+        "model_id", "unservable", "reason", "wanted_at", "reason_at", "desired"
     ):
-        view.status[model_id] = ModelStatus(unservable, reason, coming.pop(model_id, 0), wanted_at)
-    for model_id, n in coming.items():
-        view.status[model_id] = ModelStatus(coming_up=n)
+        seen.add(model_id)
+        view.status[model_id] = ModelStatus(
+            unservable, reason, coming.get(model_id, 0), wanted_at, reason_at is not None, desired,
+            failures.get(model_id), _silent_agents(silent.get(model_id)))
+    for model_id in (set(coming) | set(failures) | set(silent)) - seen:
+        view.status[model_id] = ModelStatus(coming_up=coming.get(model_id, 0), failures=failures.get(model_id),
+                                            silent_agents=_silent_agents(silent.get(model_id)))
     row = ClusterSettings.objects.filter(pk=1).values_list("stopped", "cold_start_timeout_s").first()
     if row is not None:
         view.stopped, view.cold_start_timeout_s = bool(row[0]), float(row[1])

@@ -150,7 +150,7 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     pagination_class = ReplicaPagination
 
     def get_queryset(self):
-        queryset = Replica.objects.select_related("model", "agent")
+        queryset = Replica.objects.select_related("model__profile", "agent")
         if self.action == "list":
             for name in ("model", "agent"):
                 value = int_param(self.request, name)

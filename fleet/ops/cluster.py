@@ -15,7 +15,10 @@ docs/architecture.md, R9; ``fleet.planning.planner.PlanningPass._lose_silent_age
   (``fleet.states.moved_when_agent_lost``): ready, starting… → ``lost``, draining →
   ``stopping``; so a **ready** replica is one in state ready on an agent heard from;
 * a model is **not looked at yet** until a reconcile pass recorded its verdict
-  (``ModelState.reason_at``; a row made by a request wanting the model does not count).
+  (``ModelState.reason_at``; a row made by a request wanting the model does not count);
+* a replica is **outdated** when the spec it was started from is not its model's current one
+  (``fleet.control.specs``; docs/architecture.md, R10: the planner replaces it), and a replica
+  whose model was deleted is shown under its old name, draining and stopping.
 
 One thing the planner does that this model does not: when more than half the agents with
 replicas go silent together, the pass marks none lost (it assumes the control plane
@@ -36,6 +39,7 @@ from django.utils import timezone
 
 from catalog.models import Model
 from fleet.control.planes import listening_since
+from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, AgentQuerySet, ModelState, Replica
 from fleet.states import HOLDS_RESOURCES, NOT_STOPPED, ReplicaState, moved_when_agent_lost
 
@@ -135,6 +139,32 @@ def model_reason(state: ModelState | None) -> str:
     """The pass's last word on a model (``ModelState.reason``; "" when it had nothing to
     say), or :data:`NOT_LOOKED_AT` before any pass looked at it."""
     return state.reason if looked_at(state) else NOT_LOOKED_AT
+
+
+def spec_hashes(model_ids=None) -> dict[int, str]:
+    """Model id → the hash of its current spec (``fleet.control.specs.spec_hash``), in one
+    query; ``model_ids`` limits it to those models."""
+    models = Model.objects.select_related("profile")
+    if model_ids is not None:
+        models = models.filter(pk__in=list(model_ids))
+    return {m.pk: spec_hash(m, m.profile) for m in models}
+
+
+def replica_outdated(replica: Replica, hashes: dict[int, str]) -> bool:
+    """Whether ``replica`` was started from a spec its model no longer has (``hashes`` from
+    :func:`spec_hashes`); a row with no recorded hash, or of a deleted model, is not."""
+    current = hashes.get(replica.model_id) if replica.model_id is not None else None
+    return current is not None and is_outdated(replica.spec_hash, current)
+
+
+def replica_note(replica: Replica, hashes: dict[int, str]) -> str:
+    """A few words on a live replica's transition, for people: "outdated, being replaced",
+    "its model was deleted: draining, then stopping", or ""."""
+    if replica.model is None:  # no query when model_id is None
+        return "its model was deleted: draining, then stopping"
+    if replica_outdated(replica, hashes):
+        return "outdated, being replaced"
+    return ""
 
 
 def models_not_looked_at() -> int:

@@ -36,12 +36,16 @@ class Holder:
     state: str
     #: While downloading: how much of the weights the agent has, 0..100; None otherwise.
     progress_pct: int | None = None
+    #: Its transition in words ("outdated, being replaced"; ``fleet.ops.cluster.replica_note``).
+    note: str = ""
 
     @property
     def label(self) -> str:
+        """Its state (with download progress), and its note: "ready, outdated, being replaced"."""
+        text = self.state
         if self.progress_pct is not None and self.state == S.DOWNLOADING.value:
-            return f"{self.state} {self.progress_pct}%"
-        return self.state
+            text = f"{self.state} {self.progress_pct}%"
+        return f"{text}, {self.note}" if self.note else text
 
 
 @dataclass(frozen=True)
@@ -171,14 +175,17 @@ def model_phase(*, external: bool, desired: int, states: list[str], unservable: 
     return LOADING if desired > 0 else COLD
 
 
-def agent_row(agent: Agent, gpus: list[Gpu], replicas: list[Replica], alive: bool) -> AgentRow:
+def agent_row(agent: Agent, gpus: list[Gpu], replicas: list[Replica], alive: bool,
+              hashes: dict[int, str] | None = None) -> AgentRow:
     """Shape one agent: which of ``replicas`` (its live ones, model loaded) holds which GPU,
-    and the cores and RAM its CPU replicas take."""
+    and the cores and RAM its CPU replicas take. ``hashes`` (``fleet.ops.cluster.spec_hashes``)
+    marks outdated replicas; a deleted model's are marked always."""
     by_gpu: dict[int, list[Holder]] = defaultdict(list)
     cpu_holders = []
     for r in sorted(replicas, key=lambda r: r.pk):
         progress = None if r.download_progress is None else percent(r.download_progress, 1)
-        holder = Holder(r.pk, r.model.name, r.state, progress)
+        note = read.replica_note(r, hashes or {})
+        holder = Holder(r.pk, r.shown_model_name, r.state, progress, note)
         if r.gpu_indices:
             for idx in r.gpu_indices:
                 by_gpu[idx].append(holder)
@@ -219,7 +226,9 @@ def load(now: datetime | None = None) -> Dashboard:
         if r.state in holding:
             by_agent[r.agent_id].append(r)
         by_model[r.model_id].append(r.state)
-    agents = tuple(agent_row(a, gpus[a.pk], by_agent[a.pk], alive=at.agent_alive(a)) for a in all_agents)
+    hashes = read.spec_hashes()
+    agents = tuple(agent_row(a, gpus[a.pk], by_agent[a.pk], alive=at.agent_alive(a), hashes=hashes)
+                   for a in all_agents)
     newest = dict(Replica.objects.values("model_id").annotate(n=Max("id")).values_list("model_id", "n"))
     last_state = dict(Replica.objects.filter(id__in=newest.values()).values_list("model_id", "state"))
     states = {s.model_id: s for s in ModelState.objects.all()}

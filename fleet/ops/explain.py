@@ -22,11 +22,13 @@ def _ago(when):
 
 def explain_model(model: Model) -> dict:
     """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
-    durations in seconds). ``ready``, the replicas' states and ``reason`` before any pass
+    durations in seconds). Each replica says whether it is ``outdated`` (docs/architecture.md,
+    R10) and, in ``note``, "outdated, being replaced". ``ready``, the replicas' states and ``reason`` before any pass
     are the read model's (``fleet.ops.cluster``), as in ``status`` and the dashboard."""
     at = read.moment()
     state = ModelState.objects.filter(model=model).first()
     replicas = list(model.replicas.select_related("agent").order_by("-id")[:20])
+    hashes = read.spec_hashes([model.pk])
     shown = {r.pk: at.replica_state(r) for r in replicas}
     used = [r.last_used_at for r in replicas if r.last_used_at]
     last_used = max(used) if used else None
@@ -62,7 +64,8 @@ def explain_model(model: Model) -> dict:
         "reason": read.model_reason(state),
         "replicas": [
             {"id": r.pk, "agent": r.agent.name, "state": shown[r.pk].value, "port": r.port, "reason": r.reason,
-             "error": r.error.splitlines()[0] if r.error else ""}
+             "error": r.error.splitlines()[0] if r.error else "", "outdated": read.replica_outdated(r, hashes),
+             "note": read.replica_note(r, hashes)}
             for r in replicas if shown[r.pk] != ReplicaState.STOPPED
         ],
     }

@@ -110,6 +110,7 @@ def cluster_status() -> dict:
         gpus_by_agent.setdefault(gpu.agent_id, []).append(gpu)
     agents_by_id = {agent.pk: agent for agent in Agent.objects.all()}
     replicas = list(Replica.objects.live().select_related("model").order_by("id"))
+    hashes = read.spec_hashes()
     shown = {r.pk: at.replica_state(r, agents_by_id[r.agent_id]) for r in replicas}
     used: dict[int, set[int]] = {}
     for r in replicas:
@@ -148,8 +149,9 @@ def cluster_status() -> dict:
         "agents": agents,
         "models": models,
         "replicas": [
-            {"id": r.pk, "model": r.model.name, "agent": agents_by_id[r.agent_id].name, "state": shown[r.pk].value,
-             "port": r.port, "gpus": r.gpu_indices}
+            {"id": r.pk, "model": r.shown_model_name, "agent": agents_by_id[r.agent_id].name,
+             "state": shown[r.pk].value, "port": r.port, "gpus": r.gpu_indices,
+             "outdated": read.replica_outdated(r, hashes), "note": read.replica_note(r, hashes)}
             for r in replicas
         ],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from fleet.control.specs import spec_hash
 from fleet.models import Agent, Gpu, Replica
 from fleet.ops import cluster as read
 from llmgw.rest import RefuseUnknownFields
@@ -53,15 +54,26 @@ class AgentActionSerializer(serializers.Serializer):
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
-    model_name = serializers.CharField(source="model.name", read_only=True)
+    """A replica over REST. ``model`` is null once its model was deleted (the row drains and
+    stops; ``model_name`` still names it); ``outdated``: started from a spec its model no
+    longer has (docs/architecture.md, R10)."""
+
+    model_name = serializers.CharField(source="shown_model_name", read_only=True)
     agent_name = serializers.CharField(source="agent.name", read_only=True)
+    outdated = serializers.SerializerMethodField()
 
     class Meta:
         model = Replica
         fields = ["id", "model", "model_name", "agent", "agent_name", "state", "state_changed_at", "gpu_indices",
                   "cpu_cores", "memory_mib", "port", "reason", "error", "ready_at", "last_used_at", "in_flight",
-                  "load_running", "load_waiting", "load_reported_at", "download_progress", "created_at"]
+                  "load_running", "load_waiting", "load_reported_at", "download_progress", "created_at", "outdated"]
         read_only_fields = fields
+
+    def get_outdated(self, replica: Replica) -> bool:
+        """Whether it runs an outdated spec (``fleet.ops.cluster.replica_outdated``)."""
+        if replica.model_id is None:
+            return False
+        return read.replica_outdated(replica, {replica.model_id: spec_hash(replica.model, replica.model.profile)})
 
 
 class ModelActionSerializer(serializers.Serializer):

@@ -113,15 +113,19 @@ class ModelView:
     measured_per_replica: int | None = None
     failures: tuple[datetime, ...] = ()
     last_error: str = ""
+    #: The hash of what shapes its engine now (``fleet.control.specs.spec_hash``).
+    spec_hash: str = ""
 
 
 @dataclass(frozen=True)
 class ReplicaView:
-    """A replica. ``last_used_at`` None = never told; ``in_flight`` None = unknown;
-    ``back``: it is lost, but its agent has since reported the engine ready again."""
+    """A replica. ``model_id`` None: its model was deleted (it drains and stops);
+    ``last_used_at`` None = never told; ``in_flight`` None = unknown; ``back``: it is lost,
+    but its agent has since reported the engine ready again; ``outdated``: started from a
+    spec its model no longer has (docs/architecture.md, R10)."""
 
     id: int
-    model_id: int
+    model_id: int | None
     agent_id: int
     state: ReplicaState
     gpu_indices: tuple[int, ...] = ()
@@ -131,6 +135,7 @@ class ReplicaView:
     last_used_at: datetime | None = None
     in_flight: int | None = None
     back: bool = False
+    outdated: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ class MoveCause(str, Enum):
     EVICTION = "eviction"              # making room for another model
     AGENT_BACK = "agent_back"          # a lost replica's agent returned with it ready
     DUPLICATE = "duplicate"            # came back, but enough run elsewhere
+    OUTDATED = "outdated"              # started from a spec its model no longer has (R10)
+    MODEL_DELETED = "model_deleted"    # its model was deleted from the catalog
 
 
 @dataclass(frozen=True)

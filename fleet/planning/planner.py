@@ -12,7 +12,8 @@ lives in :mod:`fleet.planning.data`; its names are imported here too, so callers
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, Step, evaluate
@@ -20,6 +21,8 @@ from fleet.planning.data import (
     AgentView, GpuView, ModelOutcome, ModelView, Move, MoveCause, Place, Plan, Policy, ProfileView, ReplicaView,
     Snapshot,
 )
+from fleet.planning.rolling import TransitionRules
+from fleet.planning.rooms import Room
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, RELEASING, ReplicaState
 
 __all__ = [
@@ -105,57 +108,6 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-# --- Capacity bookkeeping --------------------------------------------------------------------
-
-
-@dataclass
-class _Room:
-    """Free resources on one agent during a pass (mutated as the pass places)."""
-
-    agent: AgentView
-    free_gpus: dict[int, int]  # index -> memory_total_mib
-    free_cores: float
-    free_memory_mib: int
-
-    def fit(self, profile: ProfileView) -> tuple[tuple[int, ...], str | None]:
-        """GPU indices (or ``()`` for CPU) if ``profile`` fits here, else the reason."""
-        name = self.agent.name
-        if profile.gpus_needed:
-            if not self.agent.gpus:
-                return (), f"{name}: no GPUs"
-            big_enough = sorted(
-                (mem, idx) for idx, mem in self.free_gpus.items() if mem >= profile.gpu_memory_mib
-            )
-            if len(big_enough) >= profile.gpus_needed:
-                return tuple(sorted(idx for _, idx in big_enough[: profile.gpus_needed])), None
-            if len(self.free_gpus) < profile.gpus_needed:
-                return (), f"{name}: {len(self.free_gpus)} free"
-            largest = max(self.free_gpus.values(), default=0)
-            return (), f"{name}: {len(big_enough)} free with {profile.gpu_memory_mib} MiB (largest {largest} MiB)"
-        if self.free_cores + 1e-9 < profile.cpu_cores:
-            return (), f"{name}: {self.free_cores:g} CPU cores free"
-        if self.free_memory_mib < profile.memory_mib:
-            return (), f"{name}: {self.free_memory_mib} MiB RAM free"
-        return (), None
-
-    def take(self, gpus: tuple[int, ...], profile: ProfileView) -> None:
-        """Hold what one replica of ``profile`` on ``gpus`` (from :meth:`fit`) needs."""
-        for idx in gpus:
-            self.free_gpus.pop(idx, None)
-        if not profile.gpus_needed:
-            self.free_cores -= profile.cpu_cores
-            self.free_memory_mib -= profile.memory_mib
-
-    def give_back(self, replica: ReplicaView) -> None:
-        """Free what ``replica`` holds here (its GPUs at their full memory, cores, RAM)."""
-        by_index = {g.index: g.memory_total_mib for g in self.agent.gpus}
-        for idx in replica.gpu_indices:
-            if idx in by_index:
-                self.free_gpus[idx] = by_index[idx]
-        self.free_cores += replica.cpu_cores
-        self.free_memory_mib += replica.memory_mib
-
-
 def _group_reasons(reasons: list[str], limit: int = 6) -> str:
     """Join per-agent reasons, grouping identical causes ("12 agents: not connected")."""
     by_cause: dict[str, list[str]] = defaultdict(list)
@@ -187,7 +139,7 @@ def plan(snapshot: Snapshot, now: datetime) -> Plan:
     return PlanningPass(snapshot, now).run()
 
 
-class PlanningPass:
+class PlanningPass(TransitionRules):
     """One pass of the reconciler rules over one snapshot at one instant (docs/architecture.md,
     "Reconciler rules"). Build it with ``(snapshot, now)``, call :meth:`run` once.
 
@@ -208,6 +160,8 @@ class PlanningPass:
     * R9 failures and lost agents: :meth:`_lose_silent_agents`, :meth:`_find_returning`,
       :meth:`_fail_not_taken_up`, :meth:`_settle_returning`, :meth:`_wait_out_backoff`,
       :meth:`_explain_crash_loop`.
+    * R10 rolling replacement: :meth:`_roll`; deleted models drain: :meth:`_drain_deleted`
+      (both in ``fleet.planning.rolling``).
     * Beyond the list: :meth:`_count_desired` (min, max, schedule windows, demand, stopped
       cluster, external models), :meth:`_planning_order`, :meth:`_plan_model` (one model's
       steps), :meth:`_count_outcomes`.
@@ -238,7 +192,7 @@ class PlanningPass:
     #: Lost replicas whose agent is heard from again.
     returning: set[int]
     #: Agent id → resources free on it, as the pass takes and gives them back.
-    rooms: dict[int, _Room]
+    rooms: dict[int, Room]
     #: Model id → all its replicas in the snapshot.
     by_model: dict[int, list[ReplicaView]]
     #: Model id → this pass's load-scaling step.
@@ -279,8 +233,9 @@ class PlanningPass:
 
         Order (it fixes the order of the actions): agents that went silent lose their
         replicas; agents are filtered and their free room counted; placements never taken
-        up fail; drained replicas stop; load scaling moves each model's extra; then each
-        model in :meth:`_planning_order`; then the counts and crash-loop explanations.
+        up fail; drained replicas stop; load scaling moves each model's extra; replicas of
+        deleted models drain or stop; then each model in :meth:`_planning_order`; then the
+        counts and crash-loop explanations.
         """
         self._lose_silent_agents()
         self._filter_agents()
@@ -289,6 +244,7 @@ class PlanningPass:
         self._fail_not_taken_up()
         self._stop_drained()
         self._scale_by_load()
+        self._drain_deleted()
         self._count_desired()
         for m in sorted(self.snapshot.models, key=self._planning_order):
             self._plan_model(m)
@@ -437,7 +393,7 @@ class PlanningPass:
         returning lost ones included (docs/architecture.md, R3)."""
         rooms, states, returning = self.rooms, self.states, self.returning
         for a in self.snapshot.agents:
-            rooms[a.id] = _Room(a, {g.index: g.memory_total_mib for g in a.gpus}, a.cpu_cores, a.memory_mib)
+            rooms[a.id] = Room(a, {g.index: g.memory_total_mib for g in a.gpus}, a.cpu_cores, a.memory_mib)
         for r in self.snapshot.replicas:
             if (states[r.id] in HOLDS_RESOURCES or r.id in returning) and r.agent_id in rooms:
                 room = rooms[r.agent_id]
@@ -470,18 +426,26 @@ class PlanningPass:
                     self._forget_failed_placement(m, outcome)
                 break
             _, agent_id, gpus = fits[0]
-            room = self.rooms[agent_id]
-            room.take(gpus, m.profile)
             placed_here[agent_id] += 1
             placed += 1
-            where = room.agent.name + (f" GPU {','.join(map(str, gpus))}" if gpus else "")
-            why = f"placed on {where}: {len(active) + placed} of {self.desired[m.id]} wanted"
-            self.plan.actions.append(
-                Place(m.id, agent_id, gpus,
-                      0.0 if m.profile.gpus_needed else m.profile.cpu_cores,
-                      0 if m.profile.gpus_needed else m.profile.memory_mib, why)
-            )
-            outcome.reason = why
+            n = len(active) + placed
+            outcome.reason = self._place_at(m, agent_id, gpus,
+                                            lambda where: f"placed on {where}: {n} of {self.desired[m.id]} wanted")
+
+    def _place_at(self, m: ModelView, agent_id: int, gpus: tuple[int, ...], reason_for: Callable[[str], str]) -> str:
+        """Place one replica of ``m`` on ``agent_id`` (GPUs ``gpus`` from :meth:`Room.fit`),
+        taking its room; ``reason_for`` turns where ("gpu-1 GPU 0") into the reason, returned."""
+        assert m.profile is not None
+        room = self.rooms[agent_id]
+        room.take(gpus, m.profile)
+        where = room.agent.name + (f" GPU {','.join(map(str, gpus))}" if gpus else "")
+        why = reason_for(where)
+        self.plan.actions.append(
+            Place(m.id, agent_id, gpus,
+                  0.0 if m.profile.gpus_needed else m.profile.cpu_cores,
+                  0 if m.profile.gpus_needed else m.profile.memory_mib, why)
+        )
+        return why
 
     def _candidate_rooms(
         self, m: ModelView, active: list[ReplicaView], placed_here: dict[int, int],
@@ -673,10 +637,11 @@ class PlanningPass:
 
     def _cancel_drains(self, m: ModelView, missing: int) -> int:
         """A replica of ``m`` still draining on a usable agent is warm: serving again beats a
-        cold start. Up to ``missing`` of them, newest first, are ready again; returns how many
-        (docs/architecture.md, R8)."""
+        cold start (unless it is outdated, R10). Up to ``missing`` of them, newest first, are
+        ready again; returns how many (docs/architecture.md, R8)."""
         states, unusable = self.states, self.unusable
-        warm = (r for r in self.by_model[m.id] if states[r.id] == S.DRAINING and not unusable.get(r.agent_id))
+        warm = (r for r in self.by_model[m.id]
+                if states[r.id] == S.DRAINING and not r.outdated and not unusable.get(r.agent_id))
         draining = sorted(warm, key=lambda r: -r.id)[:missing]
         for r in draining:
             self.plan.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))
@@ -720,8 +685,9 @@ class PlanningPass:
     def _plan_model(self, m: ModelView) -> None:
         """One model's share of the pass: its outcome (desired, scaling step, reason), then
         the rules in turn — external and stopped models explained, idle demand ended (R6),
-        returning replicas settled (R9), then missing replicas come back from drains (R8)
-        or are placed (R3, after the crash-loop backoff, R9), or surplus ones go (R8)."""
+        returning replicas settled (R9), drains cancelled (R8), outdated replicas replaced
+        (R10, which then decides the placements), then missing replicas are placed (R3,
+        after the crash-loop backoff, R9), or surplus ones go (R8)."""
         step = self.steps[m.id]
         desired = self.desired[m.id]
         outcome = ModelOutcome(desired=desired, scaling=step.state,
@@ -743,6 +709,10 @@ class PlanningPass:
             if cancelled:
                 missing -= cancelled
                 active = self._active(m.id)
+        if self._roll(m, outcome):
+            return
+        active = self._active(m.id)
+        missing = desired - len(active)
         if missing > 0 and m.profile is None:
             outcome.reason = "no engine profile: cannot place"
             outcome.unservable = True
@@ -775,12 +745,13 @@ class PlanningPass:
 
 
 def _surplus(active: list[ReplicaView], count: int) -> list[ReplicaView]:
-    """Which replicas to take away: not-yet-ready before ready, idle before busy, newest
-    first (docs/architecture.md, R8). Reads each replica's state in the snapshot."""
+    """Which replicas to take away: outdated before current (R10), not-yet-ready before
+    ready, idle before busy, newest first (docs/architecture.md, R8). Reads each replica's
+    state in the snapshot."""
 
     def key(r: ReplicaView) -> tuple:
         coming = r.state in COMING_UP
         flight = r.in_flight if r.in_flight is not None else 1 << 30
-        return (not coming, flight, -r.id)
+        return (not r.outdated, not coming, flight, -r.id)
 
     return sorted(active, key=key)[:count]

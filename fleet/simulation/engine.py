@@ -15,11 +15,14 @@ It plays the parts the real cluster splits between processes, on a simulated clo
   when a request wants a cold on-demand model or an agent reports a replica stopped (as the
   real shell requests them), never two closer than ``pass_gap_s``. Each pass builds a
   ``planner.Snapshot`` exactly as ``fleet.control.snapshot.load_snapshot`` does (load over ready
-  replicas from engine metrics or in-flight counts; last use and in-flight per replica as
-  the gateway reports them; demand kept alive by use; the window in force), calls the
-  real ``plan()`` and applies it: places, drains, stops, and stores ``outcome.scaling``.
+  replicas from engine metrics or in-flight counts, as the report path delivers them —
+  :mod:`fleet.simulation.loads`: polled, reported on heartbeats, stale after
+  ``load_stale_s``; last use and in-flight per replica as the gateway reports them; demand
+  kept alive by use; the window in force), calls the real ``plan()`` and applies it:
+  places, drains, stops, and stores ``outcome.scaling``.
 * **agents** — placing → starting after ``ack_s``, → ready ``cold_start_s`` after the
-  placement; stopping → stopped after ``stop_s`` (requests still in flight are cut off).
+  placement; stopping → stopped after ``stop_s`` (requests still in flight are cut off);
+  engine loads read every ``load_poll_s`` and reported as ``load_reports`` says.
 
 Two shortcuts keep a day of a million requests within seconds; both are exact, and
 ``check_pruning`` proves it pass by pass (it also plans on the full snapshot and fails on
@@ -56,6 +59,7 @@ from catalog.schedules import active_window, window_interval
 from fleet.planning import planner
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
+from fleet.simulation.loads import POLL, LoadReports
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
 from fleet.simulation.traces import Trace
 
@@ -76,8 +80,17 @@ class SimConfig:
     ack_s: float = 0.5
     #: Stopping → stopped: the agent stops the engine and reports it.
     stop_s: float = 5.0
-    #: Agents heartbeat this often (their ``last_seen_at`` in the snapshot).
+    #: Agents heartbeat this often (their ``last_seen_at``, and the loads they carry).
     heartbeat_s: float = 5.0
+    #: The report path (:mod:`.loads`): agents read engine metrics this often; loads reach
+    #: the reconciler on every heartbeat (``"heartbeat"``), only when they change
+    #: (``"on_change"``: agents before issue 14) or at once (``"instant"``: no path).
+    load_poll_s: float = 5.0
+    load_reports: str = "heartbeat"
+    #: LLMGW_LOAD_STALE, LLMGW_USAGE_FLUSH_INTERVAL, LLMGW_USAGE_REPORT_FRESH.
+    load_stale_s: float = 15.0
+    usage_flush_interval_s: float = 1.0
+    usage_report_fresh_s: float = 10.0
     #: Replicas placed by the first pass (at 0 s) are ready at once: the day starts with
     #: what the catalog keeps running already up, as a cluster that has been running would.
     warm_start: bool = True
@@ -232,6 +245,7 @@ class Simulator:
         self.quiet_passes = 0
         self.plan_wall_s = 0.0
         self.events: list[dict] = []  # evictions and idle stops, in order
+        self.loads = LoadReports(self)
         self._prepare_windows()
 
     # --- Clock ----------------------------------------------------------------------------
@@ -288,6 +302,7 @@ class Simulator:
         completions, control = self.completions, self.control
         heappush, heappop = heapq.heappush, heapq.heappop
         seq = self._seq
+        self.loads.start()
         i = 0
         while True:
             ta = ts[i] if i < n else INF
@@ -319,7 +334,9 @@ class Simulator:
                 if tk > end:
                     break
                 t, _, kind, r = heappop(control)
-                if kind == _READY:
+                if kind >= POLL:
+                    self.loads.on_event(kind, t)
+                elif kind == _READY:
                     self._ready(t, r)
                 elif kind == _STOPPED:
                     self._stopped(t, r)
@@ -414,6 +431,7 @@ class Simulator:
         m = r.model
         m.coming_up -= 1
         m.ready.append(r)
+        self.loads.ready(t, r)
         timeout = self.cold_start_timeout_s
         held = m.held
         while held:
@@ -431,6 +449,7 @@ class Simulator:
         m = r.model
         del self.live[r.id]
         m.reps.remove(r)
+        self.loads.gone(r)
         self._release(t, r)
         self._request_pass(t)  # fleet.control.reports: a stopped replica frees room, so a pass runs
 
@@ -568,15 +587,11 @@ class Simulator:
             due.append(view.crowded_since + timedelta(seconds=policy.scaling.scale_up_after_s))
         return min((d for d in due if d > now), default=FOREVER)
 
-    def _load(self, m: _Model) -> tuple[int, int, int] | None:
-        """``fleet.control.snapshot._loads``: over ready replicas, from engine metrics when the
-        profile declares them, else in-flight counts as running with nothing waiting."""
-        ready = m.ready
-        if not ready:
-            return None
-        if m.spec.engine_metrics:
-            return len(ready), sum(r.running for r in ready), sum(len(r.queue) for r in ready)
-        return len(ready), sum(r.in_flight for r in ready), 0
+    def _load(self, m: _Model) -> tuple[int, int | None, int | None] | None:
+        """``fleet.control.snapshot._loads`` at this pass: over ready replicas, from engine
+        metrics when the profile declares them, else in-flight counts as running with
+        nothing waiting — as the report path delivers them (:mod:`.loads`)."""
+        return self.loads.load(m, self.last_pass)
 
     def _model_view(self, m: _Model) -> planner.ModelView:
         if m.wanted_s is not None and m.wanted_dt is None:

@@ -46,6 +46,7 @@ def run(options, stdout, stderr) -> int:
     if info["last_failure"]:
         stdout.write("  last failure:\n" + "\n".join("    " + line for line in info["last_failure"].splitlines()[-15:]) + "\n")
     for r in info["replicas"]:
-        stdout.write(f"  replica {r['id']:>5} on {r['agent']:<16} {r['state']:<11} {r['reason']}"
+        stdout.write(f"  replica {r['id']:>5} on {r['agent']:<16} {r['state']:<11} "
+                     + (f"[{r['note']}] " if r.get("note") else "") + r["reason"]
                      + (f" — {r['error']}" if r["error"] else "") + "\n")
     return 0

@@ -30,9 +30,9 @@ def run(options, stdout, stderr) -> int:
     out.print(table("models", ["model", "desired", "ready", "why"],
                     [[m["name"] + (" (external)" if m["external"] else " (on demand)" if m["on_demand"] else ""),
                       m["desired"], m["ready"], _why(m, status)] for m in status["models"]]))
-    out.print(table("replicas", ["id", "model", "agent", "state", "port", "GPUs"],
-                    [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"]))]
-                     for r in status["replicas"]]))
+    out.print(table("replicas", ["id", "model", "agent", "state", "port", "GPUs", "note"],
+                    [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"])),
+                      r["note"]] for r in status["replicas"]]))
     return OK
 
 

@@ -416,3 +416,75 @@ async def test_a_key_cut_by_the_log_tails_window_does_not_leak_its_end(manager, 
     error = manager.engines[1].error
     assert "zzzz" in error  # the tail is there
     assert key[half:] not in error and key[-8:] not in error, error[:300]
+
+
+# --- load on every heartbeat (issue 14) --------------------------------------------------------
+
+class RecordingSocket:
+    """Stands in for the websocket: keeps every message the agent sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    async def send(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+
+
+async def test_heartbeats_carry_the_load_read_afresh_from_the_engine_while_nothing_changes(tmp_path, monkeypatch):
+    """A steady engine: no status goes out, but every heartbeat carries its load, and the
+    agent keeps reading the engine's metrics every ``load_poll_s`` meanwhile (the numbers a
+    heartbeat carries are that fresh). A replica whose load is unknown is left out."""
+    from fleet.agent import engines
+    from fleet.agent.client import Agent, ClientOptions
+
+    reads = []
+    real_read_load = engines.read_load
+
+    async def counted(*args, **kwargs):
+        reads.append(args[1])
+        return await real_read_load(*args, **kwargs)
+
+    monkeypatch.setattr(engines, "read_load", counted)
+    config = AgentConfig(state_dir=tmp_path / "agent", port_min=21100, port_max=21199, stop_grace_s=2,
+                         readiness_poll_s=0.05, load_poll_s=0.2)
+    agent = Agent(ClientOptions(server="ws://127.0.0.1:1", token="t", heartbeat_s=0.1), config)
+    try:
+        agent.manager.apply([spec(1), {**spec(2), "metrics_path": ""}])  # 2: no metrics, load unknown
+        await wait_state(agent.manager, 1, S.READY)
+        await wait_state(agent.manager, 2, S.READY)
+        for _ in range(100):
+            if agent.manager.engines[1].running is not None:
+                break
+            await asyncio.sleep(0.05)
+        agent._status_due.clear()  # what changed until now has been "sent"
+        ws, before = RecordingSocket(), len(reads)
+        sender = asyncio.create_task(agent._send_loop(ws))
+        await asyncio.sleep(1.5)
+        sender.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sender
+        heartbeats = [m for m in ws.sent if m["type"] == "heartbeat"]
+        assert [m["type"] for m in ws.sent] == ["heartbeat"] * len(ws.sent) and len(heartbeats) >= 5
+        assert all(m["loads"] == [[1, 0, 0]] and m["v"] == 1 for m in heartbeats)
+        assert len(reads) - before >= 3  # read on its cadence, though nothing changed
+    finally:
+        await agent.manager.stop_all()
+        await agent.manager.close()
+
+
+def test_a_heartbeat_is_bare_when_no_load_is_known_and_old_ends_accept_both():
+    from fleet import protocol
+
+    reports = [{"replica_id": 1, "state": "ready", "running": None, "waiting": None},
+               {"replica_id": 2, "state": "starting", "running": 1, "waiting": 0},
+               {"replica_id": 3, "state": "ready", "running": 4, "waiting": None},
+               {"replica_id": 4, "state": "stopped", "running": 1, "waiting": 1}]
+    assert protocol.loads_of(reports) == [[3, 4, None]]
+    assert protocol.heartbeat(protocol.loads_of(reports[:2])) == {"type": "heartbeat", "v": 1}
+    message = protocol.heartbeat([[3, 4, None]])
+    # A control plane of either kind reads its type and version only, then its fields.
+    assert protocol.check_fields(protocol.check_message(message, protocol.AGENT_MESSAGES)) == message
+    assert protocol.check_message(protocol.heartbeat(), protocol.AGENT_MESSAGES) == {"type": "heartbeat", "v": 1}
+    for bad in ([[3, 4]], [["3", 4, 0]], [[3, True, 0]], "3,4,0"):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.check_fields({"type": "heartbeat", "v": 1, "loads": bad})

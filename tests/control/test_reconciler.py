@@ -5,6 +5,7 @@ in flight not stopped)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -254,3 +255,174 @@ def test_a_replica_with_a_request_in_flight_is_not_stopped_by_two_quick_passes(m
     r.refresh_from_db()
     # Still draining: a report from before the drain began says nothing about in flight since.
     assert r.state == "draining", f"replica is {r.state}: stopped with a request in flight (report not flushed yet)"
+
+
+# --- Edits roll, deletes drain (docs/architecture.md, R10; "Replica state machine") ------------
+
+
+def gpu_agent(name="gpu-1", gpus=1) -> Agent:
+    from fleet.models import Gpu
+
+    a = connected_agent(name)
+    for i in range(gpus):
+        Gpu.objects.create(agent=a, index=i, memory_total_mib=81920)
+    return a
+
+
+@pytest.fixture
+def gpu_profile(db):
+    from catalog.models import Profile
+
+    profile = Profile(name="fake-gpu", engine=Profile.Engine.CUSTOM,
+                      command="{python} tests/fake_engine.py --port {port} --api-key {api_key}",
+                      gpus_needed=1, gpu_memory_mib=40960)
+    profile.full_clean()
+    profile.save()
+    return profile
+
+
+def mark_ready(replicas) -> None:
+    for r in replicas:
+        assert Replica.objects.get(pk=r.pk).transition("ready", port=20001)
+
+
+def test_a_placed_replica_records_its_models_name_and_the_hash_of_its_spec(make_model):
+    from fleet.control.specs import spec_hash
+
+    connected_agent()
+    m = make_model("m")
+    reconciler.reconcile()
+    r = Replica.objects.get(model=m)
+    assert (r.model_name, r.spec_hash) == ("m", spec_hash(m, m.profile))
+    assert len(r.spec_hash) == 64
+
+
+def test_edits_that_do_not_shape_the_engine_restart_nothing(make_model):
+    connected_agent()
+    m = make_model("m", min_replicas=1, max_replicas=1)
+    reconciler.reconcile()
+    mark_ready(Replica.objects.filter(model=m))
+    m.aliases, m.idle_timeout_s, m.default_max_tokens, m.max_replicas = "alias-1", 77, 64, 3
+    m.full_clean()
+    m.save()
+    reconciler.reconcile()
+    assert list(Replica.objects.values_list("state", flat=True)) == ["ready"]
+    assert not reconciler.load_snapshot(timezone.now()).replicas[0].outdated
+
+
+def test_rows_from_before_spec_hashes_count_as_current_so_an_upgrade_restarts_nothing(make_model):
+    connected_agent()
+    m = make_model("m")
+    reconciler.reconcile()
+    mark_ready(Replica.objects.filter(model=m))
+    Replica.objects.update(spec_hash="")
+    m.profile.command += " --verbose"
+    m.profile.save()
+    reconciler.reconcile()
+    assert list(Replica.objects.values_list("state", flat=True)) == ["ready"]
+
+
+def test_a_profile_command_edit_rolls_the_replica_surge_first(make_model):
+    connected_agent(cores=4)
+    m = make_model("m")
+    reconciler.reconcile()
+    old = Replica.objects.get(model=m)
+    mark_ready([old])
+    m.profile.command += " --new-flag"
+    m.profile.save()
+    reconciler.reconcile()
+    surge = Replica.objects.exclude(pk=old.pk).get()
+    assert surge.state == "placing" and Replica.objects.get(pk=old.pk).state == "ready"
+    assert ModelState.objects.get(model=m).reason == f"replacing r{old.pk}: surge starting on cpu-1"
+    snapshot = reconciler.load_snapshot(timezone.now())
+    assert {r.id: r.outdated for r in snapshot.replicas} == {old.pk: True, surge.pk: False}
+    mark_ready([surge])
+    reconciler.reconcile()
+    assert Replica.objects.get(pk=old.pk).state == "draining"
+    assert Replica.objects.get(pk=surge.pk).state == "ready"
+
+
+def test_a_weights_edit_without_room_replaces_in_place(make_model):
+    connected_agent(cores=1)
+    m = make_model("m")
+    reconciler.reconcile()
+    old = Replica.objects.get(model=m)
+    mark_ready([old])
+    m.weights = "file:/dev/zero"
+    m.save()
+    reconciler.reconcile()
+    assert Replica.objects.get(pk=old.pk).state == "draining"
+    assert Replica.objects.count() == 1
+    assert ModelState.objects.get(model=m).reason == f"replacing r{old.pk} in place: no room for a surge"
+
+
+def routing_table() -> dict[int, list[int]]:
+    """The watcher's routing table as one refresh builds it: model id → replica ids."""
+    from fleet.live import watch
+
+    with mock.patch.object(watch, "close_old_connections"):  # the test's transaction holds the connection
+        view, _ = watch._load_view([])
+    return {model_id: [e.replica_id for e in routes] for model_id, routes in view.routes.items()}
+
+
+def test_deleting_a_model_drains_its_ready_replica_and_keeps_its_gpu_taken(make_model, gpu_profile):
+    from catalog.models import Model
+    from fleet.control.reports import desired_set
+
+    agent = gpu_agent(gpus=1)
+    gone = make_model("gone", profile=gpu_profile)
+    reconciler.reconcile()
+    r = Replica.objects.get(model=gone)
+    assert r.gpu_indices == [0]
+    mark_ready([r])
+    assert routing_table() == {gone.pk: [r.pk]}
+
+    gone.delete()  # as the admin or REST would: the ORM's delete
+    r.refresh_from_db()
+    assert (r.model_id, r.model_name, r.state) == (None, "gone", "ready")
+    assert routing_table() == {}  # out of routing at once, before any pass
+
+    newcomer = make_model("newcomer", profile=gpu_profile)
+    reconciler.reconcile()
+    r.refresh_from_db()
+    assert r.state == "draining" and "draining: its model was deleted" in r.reason
+    assert not Replica.objects.filter(model=newcomer).exists()  # its GPU is still taken
+    assert ModelState.objects.get(model=newcomer).reason.startswith("waiting for 1 replica on gpu-1 to stop")
+    assert ModelState.objects.filter(model_id=gone.pk).count() == 0  # ModelState cascades
+    assigned = desired_set(agent.pk)["replicas"]
+    assert [(a["replica_id"], a["served_name"]) for a in assigned] == [(r.pk, "gone")]  # the agent keeps it
+
+    Replica.objects.get(pk=r.pk).transition("stopping")
+    reconciler.reconcile()
+    assert not Replica.objects.filter(model=newcomer).exists()  # stopping still holds the GPU
+    Replica.objects.get(pk=r.pk).transition("stopped")  # the agent reported the engine gone
+    reconciler.reconcile()
+    assert list(Replica.objects.filter(model=newcomer).values_list("gpu_indices", flat=True)) == [[0]]
+    assert Replica.objects.filter(pk=r.pk, state="stopped", model=None).exists()  # kept for retention
+    assert str(Replica.objects.get(pk=r.pk)) == f"r{r.pk} gone (deleted) on gpu-1"
+    assert Model.objects.filter(name="gone").count() == 0
+
+
+def test_deleting_a_model_whose_replica_is_still_starting_stops_it(make_model):
+    connected_agent()
+    m = make_model("m")
+    reconciler.reconcile()
+    r = Replica.objects.get(model=m)
+    m.delete()
+    reconciler.reconcile()
+    r.refresh_from_db()
+    assert r.state == "stopping" and "its model was deleted" in r.reason
+
+
+def test_the_migration_copies_each_replicas_model_name_and_leaves_its_spec_unknown(make_model):
+    """Rows from before issue 14: their name copied, no hash ("" = current, nothing restarts)."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    agent = connected_agent()
+    model = make_model("old", min_replicas=0)
+    Replica.objects.create(model=model, profile=model.profile, agent=agent, state="ready", port=1)
+    Replica.objects.update(model_name="")
+    import_module("fleet.migrations.0010_replica_spec_hash_and_deletes_drain").copy_model_names(apps, None)
+    assert list(Replica.objects.values_list("model_name", "spec_hash")) == [("old", "")]

@@ -167,3 +167,113 @@ def test_an_agent_back_without_an_engine_it_was_stopping_has_it_stopped(make_mod
     rows.replica(m, a, state="lost")
     assert reports.forget_unreported(a.pk, []) == 2  # its report of the stop went missing
     assert {r.state for r in Replica.objects.all()} == {"stopped"}
+
+
+# -- issue 14: load is known when it is steady -------------------------------------------------
+
+def _defaults():
+    """The defaults as shipped (not the test settings): cluster scaling, the stale period,
+    the agent's heartbeat and metrics cadence, the reconcile interval."""
+    import llmgw.settings as project
+    from catalog.models import ClusterSettings
+    from fleet.agent.client import ClientOptions
+    from fleet.agent.engines import AgentConfig
+
+    field = ClusterSettings._meta.get_field
+    return {
+        "scale_up_after_s": field("scale_up_after_s").default,
+        "scale_down_after_s": field("scale_down_after_s").default,
+        "load_stale_s": project.LLMGW_LOAD_STALE_S,
+        "heartbeat_s": ClientOptions.__dataclass_fields__["heartbeat_s"].default,
+        "load_poll_s": AgentConfig.__dataclass_fields__["load_poll_s"].default,
+        "reconcile_s": project.LLMGW_RECONCILE_INTERVAL_S,
+    }
+
+
+def _run(agent_row, replicas, load_of, seconds, settings):
+    """Drive ``seconds`` of simulated time in steps of 1 s from now: the agent heartbeats
+    every default heartbeat interval with ``load_of(t)`` for each replica ({} = none) through
+    a web process's ``HeartbeatStamps`` (flushed at once), and a real reconcile pass runs
+    every default reconcile interval with that clock. Returns the scale events as
+    ``(t, from, to)``."""
+    from fleet.live.watch import HeartbeatStamps
+    from fleet.models import ScalingEvent
+
+    d = _defaults()
+    assert settings.LLMGW_LOAD_STALE_S == d["load_stale_s"]  # the test settings do not shrink it
+    stamps = HeartbeatStamps()
+    start = timezone.now()
+    for t in range(int(seconds) + 1):
+        now = start + timedelta(seconds=t)
+        if t % d["heartbeat_s"] == 0:
+            load = load_of(t)
+            stamps.stamp(agent_row.pk, {r.pk: load for r in replicas} if load else {}, now=now)
+            stamps.flush()
+        if t % d["reconcile_s"] == 0:
+            reconciler.run_pass(now)
+    return [(round((e.at - start).total_seconds()), e.from_replicas, e.to_replicas)
+            for e in ScalingEvent.objects.order_by("at")]
+
+
+def _metered_model(make_model, **kw):
+    m = make_model("m", **kw)
+    m.profile.metric_running, m.profile.metric_waiting = "vllm:num_requests_running", "vllm:num_requests_waiting"
+    m.profile.save()
+    return m
+
+
+def test_with_the_default_settings_a_steady_queue_scales_up_after_scale_up_after_s(make_model, settings):
+    """Load on every heartbeat: a queue that never changes stays known, so the busy timer
+    runs out (docs/architecture.md, R7). With a load sent once (the old agents: only on a
+    change) it went stale after LLMGW_LOAD_STALE and the model never scaled."""
+    d = _defaults()
+    assert d["heartbeat_s"] + d["load_stale_s"] / 3 < d["load_stale_s"]  # a steady load never goes stale
+    a = agent()
+    m = _metered_model(make_model, min_replicas=1, max_replicas=2)
+    r = Replica.objects.create(model=m, profile=m.profile, agent=a, state="ready", port=1, cpu_cores=1)
+    steps = _run(a, [r], lambda t: (2, 3), d["scale_up_after_s"] + 4 * d["reconcile_s"], settings)
+    assert len(steps) == 1 and steps[0][1:] == (1, 2)
+    assert d["scale_up_after_s"] <= steps[0][0] <= d["scale_up_after_s"] + 2 * d["reconcile_s"]
+    assert Replica.objects.filter(model=m).count() == 2
+
+
+def test_a_load_sent_only_once_goes_stale_and_never_scales_up(make_model, settings):
+    d = _defaults()
+    a = agent()
+    m = _metered_model(make_model, min_replicas=1, max_replicas=2)
+    r = Replica.objects.create(model=m, profile=m.profile, agent=a, state="ready", port=1, cpu_cores=1)
+    steps = _run(a, [r], lambda t: (2, 3) if t == 0 else None, d["scale_up_after_s"] + 4 * d["reconcile_s"],
+                 settings)
+    assert steps == [] and Replica.objects.filter(model=m).count() == 1
+    assert Replica.objects.get(pk=r.pk).load_reported_at is not None  # it was known, once
+
+
+@pytest.mark.parametrize("metrics", ["steady", "unknown"])
+def test_with_the_default_settings_a_quiet_model_scales_down_after_scale_down_after_s(make_model, settings,
+                                                                                     metrics):
+    """Nothing waiting, reported on every heartbeat: one step down once quiet for
+    ``scale_down_after_s``. An engine whose metrics cannot be read (its heartbeats carry no
+    load for it) stays unknown: never scaled down."""
+    from fleet.models import ModelState
+
+    d = _defaults()
+    a = agent()
+    m = _metered_model(make_model, min_replicas=1, max_replicas=2)
+    rs = [Replica.objects.create(model=m, profile=m.profile, agent=a, state="ready", port=p, cpu_cores=1)
+          for p in (1, 2)]
+    ModelState.objects.create(model=m, extra_replicas=1)
+    steps = _run(a, rs, lambda t: (0, 0) if metrics == "steady" else None,
+                 d["scale_down_after_s"] + 4 * d["reconcile_s"], settings)
+    if metrics == "unknown":
+        assert steps == [] and Replica.objects.filter(model=m, state="ready").count() == 2
+        return
+    assert len(steps) == 1 and steps[0][1:] == (2, 1)
+    assert d["scale_down_after_s"] <= steps[0][0] <= d["scale_down_after_s"] + 2 * d["reconcile_s"]
+    assert Replica.objects.filter(model=m, state="ready").count() == 1
+
+
+def test_heartbeat_loads_are_read_leniently_and_a_bare_heartbeat_has_none():
+    assert reports.heartbeat_loads({"type": "heartbeat", "v": 1}) == {}
+    loads = [[7, 2, 3], [8, None, 1.0], [9, -1, "x"], ["x", 1, 1], [True, 1, 1], [10, 1]]
+    assert reports.heartbeat_loads({"type": "heartbeat", "v": 1, "loads": loads}) == {
+        7: (2, 3), 8: (None, 1), 9: (None, None)}

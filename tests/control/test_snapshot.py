@@ -41,3 +41,48 @@ def test_a_replica_ready_for_the_reset_period_ends_the_crash_loop(make_model, se
     replica(m, a, state="failed", state_changed_at=now - timedelta(seconds=20))
     failures = next(v for v in load_snapshot(now).models if v.id == m.id).failures
     assert [round((now - f).total_seconds()) for f in failures] == [120, 20]
+
+
+# --- spec hashes and deleted models (docs/architecture.md, R10; deletes drain) ---------------
+
+def test_each_model_carries_its_current_spec_hash_and_each_replica_whether_it_is_outdated(make_model):
+    from fleet.control.snapshot import load_snapshot
+    from fleet.control.specs import spec_hash
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1)
+    current = replica(m, a, spec_hash=spec_hash(m, m.profile))
+    old = replica(m, a, spec_hash="0" * 64)
+    unknown = replica(m, a)  # from before hashes: current
+    snapshot = load_snapshot(timezone.now())
+    assert [v.spec_hash for v in snapshot.models] == [spec_hash(m, m.profile)]
+    assert {r.id: r.outdated for r in snapshot.replicas} == {current.pk: False, old.pk: True, unknown.pk: False}
+
+
+def test_the_spec_hash_moves_with_what_shapes_the_engine_and_nothing_else(make_model):
+    from fleet.control.specs import spec_hash
+
+    m = make_model("m", min_replicas=1)
+    before = spec_hash(m, m.profile)
+    m.aliases, m.idle_timeout_s, m.default_max_tokens, m.min_replicas, m.max_replicas, m.on_demand = (
+        "x", 5, 9, 0, 4, True)
+    assert spec_hash(m, m.profile) == before
+    for field, value in (("command", "other {port}"), ("env", {"A": "1"}), ("cpu_cores", 2.0), ("memory_mib", 1),
+                         ("readiness_path", "/health"), ("metrics_path", "/metrics")):
+        setattr(m.profile, field, value)
+        assert spec_hash(m, m.profile) != before, field
+        before = spec_hash(m, m.profile)
+    m.weights = "file:/dev/zero"
+    assert spec_hash(m, m.profile) != before
+
+
+def test_a_deleted_models_replica_has_no_model_in_the_snapshot(make_model):
+    from fleet.control.snapshot import load_snapshot
+
+    a = agent("a")
+    m = make_model("gone", min_replicas=1)
+    r = replica(m, a)
+    m.delete()
+    snapshot = load_snapshot(timezone.now())
+    assert snapshot.models == ()
+    assert [(v.id, v.model_id, v.outdated) for v in snapshot.replicas] == [(r.pk, None, False)]

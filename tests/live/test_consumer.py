@@ -576,3 +576,50 @@ async def test_llmgw_agents_rekey_prints_the_new_token_once_and_drops_the_connec
         await sync_to_async(call_command)("llmgw", "agents", "rekey", "nobody", stdout=io.StringIO(),
                                           stderr=io.StringIO())
     assert exit_info.value.code == 1
+
+
+# -- issue 14: load on every heartbeat --------------------------------------------------------
+
+async def test_steady_heartbeats_keep_a_replicas_load_fresh(make_model, watcher_cleanup, settings):
+    """The same load on every heartbeat: the consumer hands it to the batched stamps and the
+    watcher's flush writes it, refreshed once its stamp is a third of LLMGW_LOAD_STALE old, so
+    ``load_reported_at`` follows the heartbeats and only silence makes it stale."""
+    settings.LLMGW_LOAD_STALE_S = 0.6  # refreshed every 0.2 s
+    m = await sync_to_async(make_model)("m", min_replicas=0)
+    agent, token, ws = await connected_agent("cpu-1", inventory={"gpus": [], "cpu_cores": 4, "memory_mib": 8192})
+    other = await sync_to_async(Agent.objects.create)(name="cpu-2", connected=True)
+    r = await Replica.objects.acreate(model=m, profile=m.profile, agent=agent, state="ready", port=1)
+    theirs = await Replica.objects.acreate(model=m, profile=m.profile, agent=other, state="ready", port=2)
+
+    async def row_when(check):
+        for _ in range(200):
+            row = await Replica.objects.aget(pk=r.pk)
+            if check(row):
+                return row
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"replica {r.pk}: load {row.load_running}/{row.load_waiting} at {row.load_reported_at}")
+
+    await ws.send_json_to(protocol.heartbeat([[r.pk, 2, 3], [theirs.pk, 7, 7]]))
+    first = await row_when(lambda row: row.load_reported_at is not None)
+    assert (first.load_running, first.load_waiting) == (2, 3)
+    stamps = [first.load_reported_at]
+    for _ in range(3):
+        await asyncio.sleep(0.25)
+        await ws.send_json_to(protocol.heartbeat([[r.pk, 2, 3]]))  # nothing changed
+        row = await row_when(lambda row: row.load_reported_at > stamps[-1])
+        stamps.append(row.load_reported_at)
+        assert (row.load_running, row.load_waiting) == (2, 3)
+    assert (await Replica.objects.aget(pk=theirs.pk)).load_reported_at is None  # not this agent's replica
+    await ws.disconnect()
+
+
+async def test_a_bare_heartbeat_is_still_accepted_and_a_bad_load_is_answered(watcher_cleanup):
+    agent, token, ws = await connected_agent("cpu-1")
+    await ws.send_json_to({"type": "heartbeat", "v": 1})  # an agent from before loads
+    await ws.send_json_to({"type": "heartbeat", "v": 1, "loads": [[1, "two", 3]]})
+    error = await receive_type(ws, "error")
+    assert "load" in error["message"]
+    await ws.send_json_to({"type": "heartbeat", "v": 1, "loads": {"1": [2, 3]}})
+    assert "'loads' must be a list" in (await receive_type(ws, "error"))["message"]
+    assert await ws.receive_nothing(timeout=0.2)  # the bare one was not refused
+    await ws.disconnect()

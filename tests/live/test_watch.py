@@ -1,6 +1,7 @@
 """The web process's watcher on the database (``fleet.live.watch``): heartbeat stamps kept in
 memory and written in batches, never backwards, kept through a failed write; a web process
-registering again after a gap restarts its listening window."""
+registering again after a gap restarts its listening window; the model status a refresh
+loads (crash loops, silent agents, the planner's verdict)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from fleet.live.watch import HeartbeatStamps, register_web_process
-from fleet.models import Agent, ControlPlane
+from fleet.live.watch import HeartbeatStamps, _load_view, register_web_process
+from fleet.models import Agent, ControlPlane, ModelState, Replica
 from fleet.control.planes import listening_since
-from tests.rows import agent
+from tests.rows import agent, replica
 
 pytestmark = pytest.mark.django_db
 
@@ -59,6 +60,102 @@ def test_stamps_that_cannot_be_written_are_kept_for_the_next_flush(monkeypatch):
     assert timezone.now() - Agent.objects.get(pk=a.pk).last_seen_at < timedelta(seconds=5)
 
 
+# --- loads on heartbeats (issue 14) -------------------------------------------------------
+
+def test_the_loads_of_many_heartbeats_are_written_in_the_flush_in_one_update(make_model,
+                                                                             django_assert_max_num_queries):
+    from tests.rows import replica
+
+    m = make_model("m")
+    agents = [agent(f"a{i}", seen_s_ago=60) for i in range(10)]
+    replicas = [replica(m, a) for a in agents for _ in range(3)]
+    stamps = HeartbeatStamps()
+    now = timezone.now()
+    for a in agents:
+        stamps.stamp(a.pk, {r.pk: (r.pk % 4, None if r.pk % 5 == 0 else 1) for r in replicas if r.agent_id == a.pk},
+                     now=now)
+    with django_assert_max_num_queries(2):  # the agents' stamps, then every load at once
+        assert stamps.flush() == 10
+    for r in Replica.objects.all():
+        assert (r.load_running, r.load_waiting) == (r.pk % 4, None if r.pk % 5 == 0 else 1)
+        assert now - timedelta(seconds=0.11) <= r.load_reported_at <= now
+
+
+def test_a_steady_load_is_rewritten_only_when_its_stamp_ages_and_a_change_at_once(make_model, settings,
+                                                                                   django_assert_num_queries):
+    from tests.rows import replica
+
+    settings.LLMGW_LOAD_STALE_S = 15.0
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a)
+    stamps = HeartbeatStamps()
+    start = timezone.now()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start)
+    stamps.flush()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start + timedelta(seconds=4))  # same load, stamp 4 s old: not due
+    assert not stamps.pending_loads
+    with django_assert_num_queries(1):  # the agent's last_seen_at only
+        stamps.flush()
+    stamps.stamp(a.pk, {r.pk: (2, 3)}, now=start + timedelta(seconds=5))  # a third of the stale period
+    stamps.flush()
+    assert Replica.objects.get(pk=r.pk).load_reported_at >= start + timedelta(seconds=4.9)
+    stamps.stamp(a.pk, {r.pk: (2, 4)}, now=start + timedelta(seconds=6))  # changed: written at once
+    stamps.flush()
+    row = Replica.objects.get(pk=r.pk)
+    assert (row.load_waiting, row.load_reported_at >= start + timedelta(seconds=5.9)) == (4, True)
+
+
+def test_a_heartbeat_load_is_written_only_for_the_agents_own_replicas_and_never_backwards(make_model):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a, b = agent("a"), agent("b")
+    theirs = replica(m, b)
+    mine = replica(m, a, load_running=9, load_waiting=9, load_reported_at=timezone.now())
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {theirs.pk: (5, 5), mine.pk: (1, 1)}, now=timezone.now() - timedelta(seconds=3))
+    stamps.flush()
+    assert Replica.objects.get(pk=theirs.pk).load_reported_at is None  # not a's to report
+    row = Replica.objects.get(pk=mine.pk)
+    assert (row.load_running, row.load_reported_at) == (9, mine.load_reported_at)  # a status wrote later
+
+
+def test_counts_a_heartbeat_cannot_give_are_written_as_unknown(make_model):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a, load_running=4, load_waiting=4, load_reported_at=timezone.now() - timedelta(seconds=30))
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {r.pk: (None, None)})  # every count of the flush NULL (a CASE of NULLs)
+    stamps.flush()
+    row = Replica.objects.get(pk=r.pk)
+    assert (row.load_running, row.load_waiting) == (None, None)
+    assert timezone.now() - row.load_reported_at < timedelta(seconds=5)
+
+
+def test_loads_that_cannot_be_written_are_kept_for_the_next_flush(make_model, monkeypatch):
+    from tests.rows import replica
+
+    m = make_model("m")
+    a = agent("a")
+    r = replica(m, a)
+    stamps = HeartbeatStamps()
+    stamps.stamp(a.pk, {r.pk: (1, 2)})
+
+    def database_away(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr("django.db.models.query.QuerySet.update", database_away)
+    with pytest.raises(OperationalError):
+        stamps.flush()
+    monkeypatch.undo()
+    assert list(stamps.pending_loads) == [r.pk] and not stamps.written_loads
+    stamps.flush()
+    assert (Replica.objects.get(pk=r.pk).load_running, Replica.objects.get(pk=r.pk).load_waiting) == (1, 2)
+
+
 def test_a_stamp_is_only_kept_in_memory(django_assert_num_queries):
     from fleet.live.watch import heartbeats
 
@@ -83,3 +180,79 @@ def test_a_web_process_that_re_registers_after_a_gap_restarts_the_listening_wind
     assert listening_since(timezone.now()) == row.started_at
     register_web_process()  # no gap: the window stays
     assert ControlPlane.objects.get(pid=os.getpid()).started_at == row.started_at
+
+
+# --- model status: what held requests are answered from --------------------------------------
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_connection(monkeypatch):
+    """A refresh closes old connections first (it runs in a worker thread); here it runs in
+    the test's transaction, whose connection must stay open."""
+    monkeypatch.setattr("fleet.live.watch.close_old_connections", lambda: None)
+
+
+def _failed(model, on, failed_s_ago: float, error: str = "", ready_for_s: float | None = None):
+    at = timezone.now() - timedelta(seconds=failed_s_ago)
+    ready_at = None if ready_for_s is None else at - timedelta(seconds=ready_for_s)
+    r = replica(model, on, state="failed", error=error, ready_at=ready_at)
+    Replica.objects.filter(pk=r.pk).update(state_changed_at=at)
+    return at
+
+
+def test_a_refresh_carries_a_crash_loop_with_its_last_error_line_and_next_try(make_model, settings):
+    settings.LLMGW_BACKOFF_BASE_S, settings.LLMGW_BACKOFF_CAP_S, settings.LLMGW_BACKOFF_RESET_AFTER_S = 5.0, 300.0, 60.0
+    m, other = make_model("loopy"), make_model("fine")
+    a = agent("a")
+    _failed(m, a, 600, "engine exited", ready_for_s=3600)  # it ran an hour, then failed: forgives nothing older
+    _failed(m, a, 500, "old")
+    last = _failed(m, a, 2, "engine exited with code 1 while starting; last lines:\n  loading\n"
+                            "  RuntimeError: CUDA out of memory\n\n")
+    _failed(other, a, 7200, "too old to count")
+    view, _ = _load_view([])
+    failures = view.status[m.pk].failures
+    assert failures.count == 3 and failures.last_at == last
+    assert failures.last_error == "RuntimeError: CUDA out of memory"
+    assert failures.retry_at == last + timedelta(seconds=20)  # 5 · 2^(3-1)
+    assert other.pk not in view.status
+    # A replica that stayed ready for LLMGW_BACKOFF_RESET_AFTER before failing starts the loop over.
+    _failed(m, a, 1, "killed", ready_for_s=120)
+    assert _load_view([])[0].status[m.pk].failures.count == 1
+
+
+def test_the_crash_loop_is_one_query_however_many_failures(make_model):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    m = make_model("loopy")
+    a = agent("a")
+    with CaptureQueriesContext(connection) as counted:
+        _load_view([])
+    assert sum("fleet_replica" in q["sql"] for q in counted.captured_queries) == 2  # routes, failures
+    for i in range(10):
+        _failed(m, a, 100 - i, f"error {i}")
+    with CaptureQueriesContext(connection) as again:
+        view, _ = _load_view([])
+    assert len(again.captured_queries) == len(counted.captured_queries)
+    assert view.status[m.pk].failures.count == 10
+
+
+def test_a_refresh_names_the_silent_agents_whose_ready_replicas_routing_dropped(make_model, settings):
+    settings.LLMGW_AGENT_ROUTE_GRACE_S, settings.LLMGW_AGENT_LOST_AFTER_S = 2.0, 20.0
+    m = make_model("on-quiet")
+    quiet, loud = agent("gpu-node-2", seen_s_ago=14), agent("gpu-node-1")
+    replica(m, quiet)
+    view, _ = _load_view([])
+    assert not view.routes.get(m.pk) and view.agent_lost_after_s == 20.0
+    [silent] = view.status[m.pk].silent_agents
+    assert silent.name == "gpu-node-2" and silent.silent_since == Agent.objects.get(pk=quiet.pk).last_seen_at
+    replica(m, loud)  # another ready replica: served by it, the silent one is still named
+    view, _ = _load_view([])
+    assert [e.agent_name for e in view.routes[m.pk]] == ["gpu-node-1"]
+
+
+def test_a_refresh_says_whether_a_pass_looked_at_a_model_and_what_it_wants(make_model):
+    new, seen = make_model("new"), make_model("seen")
+    ModelState.objects.create(model=seen, desired=1, reason="placing", reason_at=timezone.now())
+    view, _ = _load_view([])
+    assert new.pk not in view.status  # no row: not looked at
+    assert view.status[seen.pk].looked_at and view.status[seen.pk].desired == 1

@@ -511,3 +511,14 @@ def test_a_field_the_api_does_not_know_is_refused_and_nothing_is_created(staff, 
     unknown = next(name for name in body if name in answer.json())
     assert answer.json()[unknown][0].startswith("Unknown field: the fields are ")
     assert staff.get(path).json() == before
+
+
+def test_deleting_a_model_over_rest_keeps_its_running_replica_to_drain(staff, world):
+    """docs/architecture.md, "Deleted models drain": the row stays (the next pass drains it)
+    and REST still names it."""
+    replica = world["replica"]
+    assert staff.delete(f"/api/models/{world['model'].pk}/").status_code == 204
+    replica.refresh_from_db()
+    assert (replica.model_id, replica.state) == (None, "ready")
+    shown = staff.get(f"/api/replicas/{replica.pk}/").json()
+    assert (shown["model"], shown["model_name"], shown["outdated"]) == (None, "lazy (deleted)", False)

@@ -227,3 +227,75 @@ def test_an_external_model_not_looked_at_yet_says_so_on_the_dashboard_too(make_m
                    external_base_url="https://api.example.com/v1")
     said = answers(m)
     assert said["status"]["reason"] == said["dashboard"]["reason"] == said["explain"]["reason"] == read.NOT_LOOKED_AT
+
+
+# --- Outdated replicas and deleted models (docs/architecture.md, R10; deletes drain) -----------
+
+
+def started_from_current_spec(m) -> Replica:
+    from fleet.control.specs import spec_hash
+
+    r = replica(m, agent("cpu-1"))
+    Replica.objects.filter(pk=r.pk).update(spec_hash=spec_hash(m, m.profile), model_name=m.name)
+    r.refresh_from_db()
+    return r
+
+
+def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_and_rest(make_model, admin_client):
+    from fleet.ops.serializers import ReplicaSerializer
+    from tests.cli import llmgw
+
+    m = make_model("m")
+    r = started_from_current_spec(m)
+    assert cluster_status()["replicas"][0]["outdated"] is False
+    assert not ReplicaSerializer(Replica.objects.select_related("model__profile").get(pk=r.pk)).data["outdated"]
+    m.profile.env = {"NEW": "1"}
+    m.profile.save()
+
+    row = cluster_status()["replicas"][0]
+    assert (row["outdated"], row["note"]) == (True, "outdated, being replaced")
+    assert "outdated, being replaced" in llmgw("status")[1]
+    assert f"replica {r.pk:>5} on cpu-1" in llmgw("explain", "m")[1]
+    assert "[outdated, being replaced]" in llmgw("explain", "m")[1]
+    shown = explain_model(m)["replicas"][0]
+    assert (shown["outdated"], shown["note"]) == (True, "outdated, being replaced")
+    holders = [h for a in dashboard.load().agents for h in a.cpu_holders]
+    assert [h.label for h in holders] == ["ready, outdated, being replaced"]
+    assert 'title="outdated, being replaced"' in admin_client.get("/admin/dashboard/").content.decode()
+    assert ReplicaSerializer(Replica.objects.select_related("model__profile").get(pk=r.pk)).data["outdated"] is True
+
+
+def test_an_alias_edit_does_not_make_a_replica_outdated(make_model):
+    m = make_model("m")
+    started_from_current_spec(m)
+    m.aliases = "another-name"
+    m.save()
+    assert cluster_status()["replicas"][0]["outdated"] is False
+
+
+def test_a_deleted_models_replica_is_shown_under_its_old_name_as_draining_for_the_delete(make_model):
+    from fleet.ops.serializers import ReplicaSerializer
+
+    m = make_model("gone")
+    r = started_from_current_spec(m)
+    m.delete()
+    row = cluster_status()["replicas"][0]
+    assert (row["model"], row["outdated"]) == ("gone (deleted)", False)
+    assert row["note"] == "its model was deleted: draining, then stopping"
+    holders = [h for a in dashboard.load().agents for h in a.cpu_holders]
+    assert [(h.model, h.label) for h in holders] == [("gone (deleted)", "ready, its model was deleted: draining, "
+                                                                          "then stopping")]
+    data = ReplicaSerializer(Replica.objects.get(pk=r.pk)).data
+    assert (data["model"], data["model_name"], data["outdated"]) == (None, "gone (deleted)", False)
+
+
+def test_the_admin_deletes_a_model_with_replicas_and_keeps_their_rows(make_model, admin_client):
+    m = make_model("gone")
+    running, stopped = replica(m, agent("cpu-1")), replica(m, Agent.objects.get(name="cpu-1"), ReplicaState.STOPPED)
+    page = admin_client.get(f"/admin/catalog/model/{m.pk}/delete/")
+    assert page.status_code == 200
+    assert admin_client.post(f"/admin/catalog/model/{m.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert set(Replica.objects.filter(model=None).values_list("pk", flat=True)) == {running.pk, stopped.pk}
+    assert str(Replica.objects.get(pk=running.pk)) == f"r{running.pk} gone (deleted) on cpu-1"
+    assert admin_client.get(f"/admin/fleet/replica/{stopped.pk}/change/").status_code == 200
+    assert admin_client.get("/admin/fleet/replica/").status_code == 200

@@ -57,23 +57,25 @@ def accounted(totals):
 
 def test_a_model_busier_than_one_replica_scales_up_when_the_rules_say_and_back_down_after_the_quiet_spell():
     # 6 requests/s of 1 s each on replicas of 4 measured slots: from the first second on more
-    # are in flight than 4 × 1 and some wait. The pass at 3 s is the first to see it (busy
-    # since 3 s); busy for scale-up-after (30 s) → 1 → 2 at 33 s. Traffic stops at 240 s;
-    # the pass at 240 s still sees 5 running (over 70% of 4 × 1: not quiet), the one at
-    # 243 s sees nothing: quiet since 243 s, for scale-down-after (300 s) → 2 → 1 at 543 s.
+    # are in flight than 4 × 1 and some wait. The agent reads the engine's metrics every 5 s
+    # (at 0 s, as the replica is ready: nothing yet; at 5 s: the queue), so the pass at 6 s
+    # is the first to see it (busy since 6 s); busy for scale-up-after (30 s) → 1 → 2 at
+    # 36 s. Traffic stops at 240 s; the read at 240 s still shows 5 running (over 70% of
+    # 4 × 1: not quiet), the one at 245 s nothing: the pass at 246 s finds it quiet, for
+    # scale-down-after (300 s) → 2 → 1 at 546 s.
     catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=2, cold_start_s=20,
                                  latency=LatencyModel(slots=4, measured=True, **ONE_SECOND)),))
     trace = traces.constant_rate("m", 6, 0, 240)
     report = simulate(catalog, parse_fleet("1x2x80G"), trace, SimConfig(duration_s=900, check_pruning=True))
 
-    assert steps_of(report) == [(33.0, 1, 2), (543.0, 2, 1)]
+    assert steps_of(report) == [(36.0, 1, 2), (546.0, 2, 1)]
     assert report.data["scale_steps"][0]["why"].startswith("scale up:")
     assert report.data["scale_steps"][1]["why"].startswith("scale down: quiet for 5 min")
     assert report.totals["oscillations"] == 0
-    assert report.replica_timelines["m"] == [(0.0, 0), (0.0, 1), (33.0, 2), (543.0, 1)]
+    assert report.replica_timelines["m"] == [(0.0, 0), (0.0, 1), (36.0, 2), (546.0, 1)]
     assert report.totals["served"] == len(trace) and accounted(report.totals) == len(trace)
-    # Two GPUs from 33 s until the drained replica stopped (543 s + one pass + 5 s), one otherwise.
-    assert report.totals["gpu_hours"] == pytest.approx((900 + (546 + 5 - 33)) / 3600, abs=1e-3)
+    # Two GPUs from 36 s until the drained replica stopped (546 s + one pass + 5 s), one otherwise.
+    assert report.totals["gpu_hours"] == pytest.approx((900 + (549 + 5 - 36)) / 3600, abs=1e-3)
 
 
 def test_scale_steps_wait_for_a_starting_replica_and_stop_at_the_ceiling():
@@ -84,9 +86,9 @@ def test_scale_steps_wait_for_a_starting_replica_and_stop_at_the_ceiling():
 
     ups = steps_of(report)
     assert [(a, b) for _, a, b in ups] == [(1, 2), (2, 3)]
-    # The second step waits for the first replica to become ready (33 + 100 s), then 30 s
+    # The second step waits for the first replica to become ready (36 + 100 s), then 30 s
     # of being busy counted from the first step's restart of the timer has long passed.
-    assert ups[0][0] == 33.0 and ups[1][0] >= 133.0
+    assert ups[0][0] == 36.0 and ups[1][0] >= 136.0
 
 
 def test_without_a_benchmark_a_steady_load_between_one_and_two_replicas_does_not_flap():
@@ -106,6 +108,78 @@ def test_without_a_benchmark_a_steady_load_between_one_and_two_replicas_does_not
     assert "4 seen at saturation at 70%" in report.data["scale_steps"][1]["why"]
     assert report.totals["oscillations"] == 0
     assert report.totals["served"] == len(trace)
+
+
+def test_a_steady_queue_scales_up_only_when_heartbeats_carry_the_load():
+    """The report path (fleet.simulation.loads): 6 requests of ~15 min on 4 slots, so 4 run
+    and 2 wait, unchanged. Agents that report loads only when they change (before issue 14)
+    send it once (read at 5 s); it is stale 15 s later and unknown from then on: never busy
+    for 30 s, never scaled. With loads on every heartbeat the pass at 6 s sees the queue and
+    30 s later adds a replica; the planner reading engines directly would see it at 3 s."""
+    catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=2, cold_start_s=20,
+                                 latency=LatencyModel(slots=4, **ONE_SECOND)),))
+    trace = traces.from_rows([(0.1 * i, "m", 10, 100_000) for i in range(1, 7)])
+
+    def steps(load_reports):
+        config = SimConfig(duration_s=300, check_pruning=True, load_reports=load_reports)
+        return steps_of(simulate(catalog, parse_fleet("1x2x80G"), trace, config))
+
+    assert steps("heartbeat") == [(36.0, 1, 2)]
+    assert steps("on_change") == []
+    assert steps("instant") == [(33.0, 1, 2)]
+
+
+def test_a_quiet_model_scales_down_only_when_heartbeats_carry_the_load():
+    """A burst that scales up (its queue changes at every read, so either kind of agent
+    reports it), then silence: the last change (nothing running) is reported once; on
+    heartbeats it stays known and the model scales down after scale-down-after, reported
+    only on change it goes stale and the extra replica is kept for ever."""
+    catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=2, cold_start_s=20,
+                                 latency=LatencyModel(slots=4, **ONE_SECOND)),))
+    trace = traces.constant_rate("m", 6, 0, 120)
+
+    def steps(load_reports):
+        config = SimConfig(duration_s=1200, check_pruning=True, load_reports=load_reports)
+        report = simulate(catalog, parse_fleet("1x2x80G"), trace, config)
+        assert report.totals["served"] == len(trace)
+        return [(a, b) for _, a, b in steps_of(report)]
+
+    assert steps("heartbeat") == [(1, 2), (2, 1)]
+    assert steps("on_change") == [(1, 2)]
+
+
+def test_an_engine_without_metrics_is_known_from_the_gateways_fresh_in_flight_reports():
+    """Without engine metrics the gateway's in-flight counts stand in, flushed every
+    second: fresh, so a model kept busy scales up (on any kind of agent). A gateway that
+    flushed less often than its reports stay fresh would leave the load unknown between
+    flushes, resetting the busy timer: never scaled."""
+    catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=2, cold_start_s=20, engine_metrics=False,
+                                 latency=LatencyModel(slots=4, measured=True, **ONE_SECOND)),))
+    trace = traces.from_rows([(0.1 * i, "m", 10, 100_000) for i in range(1, 7)])
+    for load_reports in ("heartbeat", "on_change"):
+        config = SimConfig(duration_s=300, check_pruning=True, load_reports=load_reports)
+        assert [(a, b) for _, a, b in steps_of(simulate(catalog, parse_fleet("1x2x80G"), trace, config))] == [(1, 2)]
+    config = SimConfig(duration_s=300, check_pruning=True, usage_flush_interval_s=20, usage_report_fresh_s=10)
+    assert steps_of(simulate(catalog, parse_fleet("1x2x80G"), trace, config)) == []
+
+
+def test_the_report_path_defaults_are_the_clusters():
+    import llmgw.settings as project
+    from fleet.agent.client import ClientOptions
+    from fleet.agent.engines import AgentConfig
+
+    config = SimConfig()
+    assert (config.load_stale_s, config.usage_flush_interval_s, config.usage_report_fresh_s) == (
+        project.LLMGW_LOAD_STALE_S, project.LLMGW_USAGE_FLUSH_INTERVAL_S, project.LLMGW_USAGE_REPORT_FRESH_S)
+    assert (config.heartbeat_s, config.load_poll_s, config.load_reports) == (
+        ClientOptions.__dataclass_fields__["heartbeat_s"].default,
+        AgentConfig.__dataclass_fields__["load_poll_s"].default, "heartbeat")
+
+
+def test_an_unknown_report_path_is_refused():
+    catalog = Catalog((ModelSpec("m", latency=LatencyModel(**ONE_SECOND)),))
+    with pytest.raises(ValueError, match="load_reports"):
+        simulate(catalog, parse_fleet("1x1x80G"), traces.from_rows([(0, "m", 1, 1)]), SimConfig(load_reports="often"))
 
 
 # --- On demand, eviction -------------------------------------------------------------------------
