@@ -364,7 +364,9 @@ class EngineManager:
         killed. Returns how many were adopted ready."""
         reap_children()
         adopted = 0
-        for record in read_state(self.config.state_file):
+        # Engines held first: of two processes recorded for one replica, the one being
+        # stopped is the one that goes.
+        for record in sorted(read_state(self.config.state_file), key=lambda r: bool(r.get("stopping"))):
             pid, start = record["pid"], record.get("start_time")
             if not process_alive(pid, start):
                 kill_leftovers(pid, start)
