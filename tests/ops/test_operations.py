@@ -180,7 +180,7 @@ def test_service_install_writes_units_with_kill_mode_process_for_the_agent(tmp_p
     assert llmgw("service", "install", "--dir", str(units))[0] == 0
     agent_unit = (units / "llmgw-agent.service").read_text()
     assert "KillMode=process" in agent_unit and "llmgw agent" in agent_unit
-    assert "qcluster" in (units / "llmgw-worker.service").read_text()
+    assert "llmgw worker" in (units / "llmgw-worker.service").read_text()
     # The web unit runs uvicorn as `llmgw up` does, with its bounds and exposure check.
     assert "llmgw web --host ${LLMGW_HOST}" in (units / "llmgw-web.service").read_text()
     assert (units / "llmgw-web.service").stat().st_mode & 0o777 == 0o644
@@ -203,7 +203,7 @@ def test_llmgw_web_on_a_public_address_needs_allowed_hosts_and_starts_nothing(mo
 def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_path, monkeypatch, fleet):
     import socket
 
-    from fleet.models import ControlPlane, PassLock
+    from fleet.models import ControlPlane, LeaderLease
 
     calls = tmp_path / "calls"
     fake_bin(tmp_path, "ssh", f'echo "ssh $@" >> {calls}\nexit 0\n')
@@ -212,8 +212,7 @@ def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_pat
     me = socket.gethostname()
     for host, role in [("cp-leader", "worker"), ("cp-b", "web"), ("cp-a", "web"), (me, "web"), ("cp-leader", "web")]:
         ControlPlane.objects.create(host=host, role=role, pid=1)
-    PassLock.ensure()
-    PassLock.objects.filter(pk=1).update(last_pass_holder="cp-leader:4242")
+    assert LeaderLease.take_or_renew("cp-leader:1", timezone.now(), 60.0)
     # The agent "comes back" at once: a connected session newer than the request.
     agent = fleet[0]
     Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() + timezone.timedelta(seconds=5))
