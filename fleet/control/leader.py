@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections, connection, connections
 from django.utils import timezone
 
 from fleet.control.planes import holder_id
@@ -56,6 +56,7 @@ class LeaderLoop:
         error counts as not leading (the lease will expire unless renewed)."""
         now = self.clock()
         try:
+            _fresh_connections()  # a connection a database restart broke is replaced here
             leading = LeaderLease.take_or_renew(self.holder, now, settings.LLMGW_LEADER_LEASE_S)
             if self._last_heartbeat is None or (now - self._last_heartbeat).total_seconds() >= \
                     settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S:
@@ -64,7 +65,7 @@ class LeaderLoop:
         except DatabaseError as exc:
             log.warning("leader lease: database unavailable (%s)", str(exc).strip().splitlines()[0] if str(exc).strip()
                         else type(exc).__name__)
-            close_old_connections()
+            _fresh_connections()
             leading = False
         if leading and not self.leading:
             log.info("leader: %s took the lease; running the passes", self.holder)
@@ -108,7 +109,7 @@ class LeaderLoop:
                 if stop.is_set() or not self.leading:
                     continue
                 try:
-                    close_old_connections()
+                    _fresh_connections()
                     self.run_pass()
                 except DatabaseError as exc:
                     log.warning("leader: pass skipped, database unavailable (%s)", type(exc).__name__)
@@ -116,3 +117,10 @@ class LeaderLoop:
                     log.exception("leader: pass failed")
         finally:
             connections.close_all()
+
+
+def _fresh_connections() -> None:
+    """Drop connections that broke or outlived ``CONN_MAX_AGE`` (as Django does between
+    requests), unless the caller is inside a transaction (a test's), which that would end."""
+    if not connection.in_atomic_block:
+        close_old_connections()
