@@ -68,16 +68,18 @@ def run(options, stdout, stderr) -> int:
 
 def stop_cluster(cluster: Cluster, grace_s: float) -> float:
     """Ask the task cluster to stop (its workers finish their current task), wait up to
-    ``grace_s`` seconds, then SIGKILL the sentinel and every process under it. Returns the
-    seconds it took."""
+    ``grace_s`` seconds, then SIGKILL whatever is left of it: the sentinel and every
+    process under it, and forks of this process a dead sentinel left behind
+    (``leftover_forks``). Returns the seconds it took."""
     started = time.monotonic()
     sentinel = cluster.sentinel
     if sentinel.is_alive():
         cluster.stop_event.set()
         sentinel.join(grace_s)
-    if sentinel.is_alive():
-        left = [sentinel.pid, *descendants(sentinel.pid)]
-        log.warning("task cluster still running after %.1f s: killing %s", grace_s, left)
+    left = sorted(({sentinel.pid, *descendants(sentinel.pid)} if sentinel.is_alive() else set())
+                  | set(leftover_forks()))
+    if left:
+        log.warning("task cluster still running after %.1f s: killing %s", time.monotonic() - started, left)
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -85,6 +87,30 @@ def stop_cluster(cluster: Cluster, grace_s: float) -> float:
                 pass
         sentinel.join(5)
     return time.monotonic() - started
+
+
+def leftover_forks() -> list[int]:
+    """Processes of this process group, other than this one, running this very command
+    line: forks of this process (django-q2's sentinel forks its pusher, monitor and task
+    processes without exec) that outlived a dead sentinel. Other members of the group
+    (a shell's pipeline) run other commands and are left alone."""
+    me, group = os.getpid(), os.getpgrp()
+    try:
+        command = Path(f"/proc/{me}/cmdline").read_bytes()
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            same_group = int(stat[stat.rindex(")") + 2:].split()[2]) == group
+            if same_group and (entry / "cmdline").read_bytes() == command:
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def descendants(pid: int) -> list[int]:

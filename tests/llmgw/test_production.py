@@ -142,3 +142,9 @@ def test_the_redis_layer_polls_for_less_than_redis_py_waits_for_an_answer():
     from llmgw.channel_layer import RedisChannelLayer
 
     assert RedisChannelLayer.brpop_timeout < DEFAULT_SOCKET_TIMEOUT
+
+
+def test_a_leader_lease_shorter_than_two_renewals_is_refused(tmp_path):
+    done = manage("check", LLMGW_DATA_DIR=str(tmp_path), LLMGW_SQLITE_PATH="", LLMGW_LEADER_LEASE="1s",
+                  LLMGW_LEADER_RENEW="1s")
+    assert done.returncode != 0 and "llmgw.E005" in done.stderr, done.stdout + done.stderr

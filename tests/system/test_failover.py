@@ -143,3 +143,19 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_worker_whose_task_cluster_dies_exits_1_and_unregisters(planes):
+    worker = planes.start_worker(len(planes.workers))
+    wait_until(lambda: ControlPlane.objects.filter(role="worker", pid=worker.pid).exists(), timeout_s=60,
+               what="the third worker to register")
+    sentinel = wait_until(lambda: [int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+                                   .read_text().split()], timeout_s=60, what="its sentinel")[0]
+    forks = wait_until(lambda: descendants(sentinel) if len(descendants(sentinel)) >= 3 else None, timeout_s=60,
+                       what="the sentinel's pusher, monitor and task process")
+    os.kill(sentinel, signal.SIGKILL)
+    assert worker.proc.wait(60) == 1, worker.log()[-3000:]
+    assert "the task cluster exited" in worker.log()
+    assert not ControlPlane.objects.filter(role="worker", pid=worker.pid).exists()
+    # Its orphaned pusher and task processes would go on taking tasks: killed on the way out.
+    wait_until(lambda: not [pid for pid in forks if alive(pid)], timeout_s=30, what="the orphaned forks to be gone")
