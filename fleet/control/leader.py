@@ -86,7 +86,8 @@ class LeaderLoop:
 
     def run(self, stop: threading.Event, alive: Callable[[], bool] = lambda: True) -> None:
         """Renew every ``LLMGW_LEADER_RENEW`` until ``stop`` is set or ``alive()`` turns
-        False (the worker's task cluster died), then release the lease."""
+        False (the worker's task cluster died), then release the lease and let a pass under
+        way finish (at most ``LLMGW_WORKER_STOP_GRACE``)."""
         passes = threading.Thread(target=self._pass_loop, args=(stop,), name="llmgw-passes", daemon=True)
         passes.start()
         try:
@@ -97,6 +98,9 @@ class LeaderLoop:
             stop.set()
             self._pass_due.set()
             self.release()
+            # A pass under way finishes (and lets go of the pass lock) rather than dying
+            # with the process, which would hold the next pass up for the lock's TTL.
+            passes.join(settings.LLMGW_WORKER_STOP_GRACE_S)
             connections.close_all()
 
     def _pass_loop(self, stop: threading.Event) -> None:

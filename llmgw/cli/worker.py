@@ -41,8 +41,11 @@ def run(options, stdout, stderr) -> int:
     then stop within the grace. Exit 0 when stopped by a signal, 1 when the task cluster
     died on its own."""
     stop, signalled = threading.Event(), threading.Event()
+    signalled_at = [0.0]
 
     def on_signal(signum, frame) -> None:
+        if not signalled.is_set():
+            signalled_at[0] = time.monotonic()
         signalled.set()
         stop.set()
 
@@ -58,7 +61,10 @@ def run(options, stdout, stderr) -> int:
     LeaderLoop().run(stop, alive=cluster.sentinel.is_alive)
     # Under systemd the whole group gets SIGTERM, the sentinel too: that is no failure.
     died = not cluster.sentinel.is_alive() and not signalled.is_set()
-    stopped_in_s = stop_cluster(cluster, settings.LLMGW_WORKER_STOP_GRACE_S)
+    # One grace in all, counted from the signal: a pass under way had some of it already.
+    grace_s = settings.LLMGW_WORKER_STOP_GRACE_S
+    left_s = grace_s - (time.monotonic() - signalled_at[0]) if signalled.is_set() else grace_s
+    stopped_in_s = stop_cluster(cluster, max(0.5, left_s))
     if died:
         stderr.write(f"llmgw worker: the task cluster exited (code {cluster.sentinel.exitcode}); stopping\n")
         return FAILED
