@@ -2,7 +2,7 @@
 
     python bench/cold_start.py [--runs 5] [--engine-load-s 2.0] [--keep]
 
-Starts a real local cluster (daphne, ``manage.py qcluster``, ``manage.py llmgw agent``, each
+Starts a real local cluster (daphne, ``manage.py llmgw worker``, ``manage.py llmgw agent``, each
 a subprocess, as tests/cluster.py does) on a fresh SQLite file in a temp dir. Each run creates
 a new on-demand model (min 0, max 1) whose engine is tests/fake_engine.py with
 ``--startup-delay-s S`` (its known load time), sends one streaming chat request through the
@@ -63,7 +63,7 @@ def setup_env(tmp: Path) -> None:
 
 
 def start_cluster(tmp: Path, procs: list[Proc]) -> str:
-    """daphne, qcluster and an agent (appended to ``procs`` as they start); returns the URL."""
+    """daphne, a worker and an agent (appended to ``procs`` as they start); returns the URL."""
     from catalog.models import ClusterSettings
     from fleet.models import Agent
 
@@ -74,7 +74,7 @@ def start_cluster(tmp: Path, procs: list[Proc]) -> str:
     procs.append(Proc([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw.asgi:application"],
                       tmp / "web.log"))
     wait_for_port(port, proc=procs[-1].proc)
-    procs.append(Proc([PYTHON, "manage.py", "qcluster"], tmp / "worker.log"))
+    procs.append(Proc([PYTHON, "manage.py", "llmgw", "worker"], tmp / "worker.log"))
     procs.append(Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", url, "--token", token, "--name", "bench",
                        "--state-dir", str(tmp / "agent"), "--heartbeat-s", "0.5", "--stop-grace-s", "3",
                        "--port-range", "23000-23999", "--stop-engines-on-exit"], tmp / "agent.log"))

@@ -124,7 +124,6 @@ def setup(tmp: Path, args) -> dict[str, str]:
         "LLMGW_DATABASE_URL": "",
         "LLMGW_REDIS_URL": args.redis_url or "",
         "LLMGW_REDIS_PREFIX": f"llmgw_bench_{uuid.uuid4().hex[:8]}",
-        "LLMGW_Q_NAME": f"llmgw_bench_{uuid.uuid4().hex[:8]}",
         "PYTHONUNBUFFERED": "1",
     }
     if args.database_url:
@@ -135,6 +134,7 @@ def setup(tmp: Path, args) -> dict[str, str]:
         with psycopg.connect(urlunsplit(server._replace(path="/postgres")), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         env["LLMGW_DATABASE_URL"] = urlunsplit(server._replace(path="/" + name))
+        env["LLMGW_SECRET_KEY"] = f"{name}-" + "k" * 40  # production mode needs one shared secret
         args.created_database = name
     os.environ.update(env)
     subprocess.run([PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, check=True)

@@ -351,7 +351,6 @@ class PassLock(models.Model):
     requested = models.PositiveBigIntegerField(default=0)
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_holder = models.CharField(max_length=255, blank=True, default="")
-    last_tick_at = models.DateTimeField(null=True, blank=True)
 
     @classmethod
     def ensure(cls) -> None:
@@ -378,12 +377,64 @@ class PassLock(models.Model):
             return cls.objects.values_list("requested", flat=True).get(pk=1)
 
     @classmethod
+    def extend(cls, holder: str, now: datetime, ttl_s: float) -> bool:
+        """Push the expiry of a lock ``holder`` still holds to ``now + ttl_s`` (a long pass
+        keeps its lock; a dead holder's lock expires ``ttl_s`` after its last extension).
+        False when ``holder`` no longer holds it."""
+        return bool(cls.objects.filter(pk=1, holder=holder).update(expires_at=now + timedelta(seconds=ttl_s)))
+
+    @classmethod
     def release_if_unchanged(cls, holder: str, seen: int, now: datetime) -> bool:
         """Release unless a pass was requested since ``seen``; True when released."""
         released = cls.objects.filter(pk=1, holder=holder, requested=seen).update(
             holder="", expires_at=None, last_pass_at=now, last_pass_holder=holder
         )
         return bool(released)
+
+
+class LeaderLease(models.Model):
+    """One row (pk 1): which worker leads, that is runs the passes on the cadence
+    (docs/architecture.md, "Decisions": the leader is a lease).
+
+    ``holder`` is the leading ``llmgw worker`` process (``host:pid``, as its
+    ``ControlPlane`` row); it renews every ``LLMGW_LEADER_RENEW`` until ``expires_at``
+    (``LLMGW_LEADER_LEASE`` ahead). Taken and renewed with conditional UPDATEs, as the pass
+    lock: a standby takes it only once it is free or expired, so a dead leader is replaced
+    within one lease. ``since`` is when the current holder took it.
+    """
+
+    holder = models.CharField(max_length=255, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    since = models.DateTimeField(null=True, blank=True)
+
+    @classmethod
+    def ensure(cls) -> None:
+        cls.objects.get_or_create(pk=1)
+
+    @classmethod
+    def take_or_renew(cls, holder: str, now: datetime, lease_s: float) -> bool:
+        """Renew the lease if ``holder`` has it, else take it if it is free or expired at
+        ``now``; True when ``holder`` leads until ``now + lease_s``."""
+        cls.ensure()
+        expires = now + timedelta(seconds=lease_s)
+        if cls.objects.filter(pk=1, holder=holder).update(expires_at=expires):
+            return True
+        taken = cls.objects.filter(pk=1).filter(
+            models.Q(holder="") | models.Q(expires_at__isnull=True) | models.Q(expires_at__lt=now)
+        ).update(holder=holder, expires_at=expires, since=now)
+        return bool(taken)
+
+    @classmethod
+    def release(cls, holder: str) -> bool:
+        """Give the lease up (a worker stopping): a standby takes it at its next renewal
+        instead of waiting for it to expire. False if ``holder`` did not have it."""
+        return bool(cls.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None, since=None))
+
+    @classmethod
+    def leader(cls, now: datetime) -> str:
+        """The holder of a lease live at ``now`` (``host:pid``), or '' when nobody leads."""
+        row = cls.objects.filter(pk=1, expires_at__gte=now).exclude(holder="").values_list("holder", flat=True)
+        return row.first() or ""
 
 
 class UsageReport(models.Model):
@@ -408,7 +459,8 @@ class UsageReport(models.Model):
 
 class ControlPlane(models.Model):
     """A control-plane process (web or worker) that registered itself, so ``status`` and
-    ``restart`` know every host. The leader is the host whose worker ran the latest pass."""
+    ``restart`` know every host. The leader is the worker holding ``LeaderLease``; the
+    other workers heard from lately are its standbys."""
 
     class Role(models.TextChoices):
         WEB = "web", "web"
@@ -436,6 +488,12 @@ class ControlPlane(models.Model):
         if not updated:
             cls.objects.get_or_create(host=host, role=role, pid=pid,
                                       defaults={"started_at": now, "last_seen_at": now})
+
+    @classmethod
+    def forget(cls, role: str) -> None:
+        """Remove this process's row (it is stopping cleanly: ``status`` stops listing it)."""
+        host, pid = this_process()
+        cls.objects.filter(host=host, role=role, pid=pid).delete()
 
 
 class ScalingEvent(models.Model):

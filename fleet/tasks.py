@@ -1,21 +1,17 @@
-"""django-q2 tasks: the self-re-enqueuing reconcile tick, immediate passes and the
-one-minute watchdog that restarts the tick chain (docs/architecture.md, "Decisions":
-cadence is a self-re-enqueuing task plus a watchdog)."""
+"""django-q2 tasks: immediate passes, and the one-minute watchdog that tidies up and runs a
+pass when no worker leads (docs/architecture.md, "Decisions": the leader is a lease; the
+cadence itself is the leader loop's, ``fleet.control.leader``)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import connections
-from django.db.models import Q
 from django.utils import timezone
 from django_q.models import Schedule
-from django_q.tasks import async_task
 
-from fleet.models import ControlPlane, PassLock, UsageReport
+from fleet.models import ControlPlane, LeaderLease, UsageReport
 from fleet.control.reconciler import reconcile
 
 log = logging.getLogger(__name__)
@@ -24,31 +20,9 @@ WATCHDOG_NAME = "llmgw reconcile watchdog"
 
 
 def reconcile_now() -> int:
-    """An immediate pass (somebody is waiting). Returns the passes run. Also revives the
-    tick chain if it is not running, so periodic passes never wait for the watchdog."""
-    passes = reconcile()
-    watchdog()
-    return passes
-
-
-def tick() -> None:
-    """A pass, then re-enqueue after the interval. A second chain (the watchdog restarted
-    one that was only slow) notices the fresh ``last_tick_at`` and ends itself."""
-    interval = settings.LLMGW_RECONCILE_INTERVAL_S
-    now = timezone.now()
-    PassLock.ensure()
-    mine = PassLock.objects.filter(pk=1).filter(
-        Q(last_tick_at__isnull=True) | Q(last_tick_at__lte=now - timedelta(seconds=interval * 0.5))
-    ).update(last_tick_at=now)
-    if not mine:
-        return
-    try:
-        ControlPlane.heartbeat("worker")
-        reconcile()
-    finally:
-        if not settings.Q_CLUSTER.get("sync"):  # inline tasks (tests) would chain forever
-            time.sleep(interval)
-            async_task("fleet.tasks.tick")
+    """An immediate pass (somebody is waiting). Returns the passes run (0 when another
+    process holds the pass lock: it sees the request and runs again)."""
+    return reconcile()
 
 
 def forget_old_reports() -> int:
@@ -60,15 +34,15 @@ def forget_old_reports() -> int:
     return gone + silent
 
 
-def watchdog() -> None:
-    """Start the tick chain if it has not ticked for three intervals (and tidy up)."""
+def watchdog() -> int:
+    """Once a minute: forget old rows, and run a pass if no worker holds the leader lease
+    (workers started as plain ``qcluster``, without ``llmgw worker``'s leader loop, still
+    get a pass a minute and a warning). Returns the passes run."""
     forget_old_reports()
-    PassLock.ensure()
-    last = PassLock.objects.values_list("last_tick_at", flat=True).get(pk=1)
-    late = timedelta(seconds=3 * settings.LLMGW_RECONCILE_INTERVAL_S + 5)
-    if last is None or timezone.now() - last > late:
-        log.info("reconcile tick chain not running: starting it")
-        async_task("fleet.tasks.tick")
+    if LeaderLease.leader(timezone.now()):
+        return 0
+    log.warning("no worker holds the leader lease (is every worker started with `llmgw worker`?): running a pass")
+    return reconcile()
 
 
 def schedules_table_ready(using: str = "default") -> bool:

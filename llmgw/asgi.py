@@ -134,12 +134,15 @@ async def _shutdown() -> None:
 
 
 async def application(scope, receive, send):
-    """The ASGI app. Servers with the lifespan protocol (uvicorn) get a clean shutdown that
-    flushes usage; for those without (daphne) an ``atexit`` hook does the same."""
+    """The ASGI app. Servers with the lifespan protocol (uvicorn) start the watcher at
+    startup (the process registers as a control plane before its first request) and get a
+    clean shutdown that flushes usage; for those without (daphne) the watcher starts with
+    the first request and an ``atexit`` hook flushes."""
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                live.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 try:

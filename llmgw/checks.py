@@ -20,6 +20,18 @@ def llmgw_settings(app_configs, **kwargs):
         problems.append(Warning(
             "LLMGW_AGENT_ROUTE_GRACE is longer than LLMGW_AGENT_LOST_AFTER: replicas of a silent agent would stay "
             "routable after they are declared lost.", id="llmgw.W001"))
+    if settings.LLMGW_LEADER_LEASE_S < 2 * settings.LLMGW_LEADER_RENEW_S:
+        problems.append(Error(
+            "LLMGW_LEADER_LEASE must be at least twice LLMGW_LEADER_RENEW, or one slow renewal hands the lease "
+            "to a standby while the leader lives.", id="llmgw.E005"))
+    if settings.DATABASE_URL and not settings.LLMGW_SECRET_KEY_SET:
+        problems.append(Error(
+            "Production mode (LLMGW_DATABASE_URL) needs LLMGW_SECRET_KEY: every control plane of the cluster must "
+            "share one secret, or workers reject the tasks other machines' web processes sign (BadSignature) and "
+            "admin sessions do not carry across web processes.",
+            hint="Make one with `python -c 'import secrets; print(secrets.token_urlsafe(50))'` and put the same "
+                 "LLMGW_SECRET_KEY=... in /etc/llmgw/llmgw.env (mode 600) on every control-plane machine.",
+            id="llmgw.E004"))
     if not settings.LLMGW_GATEWAY_AUTH:
         problems.append(Warning("LLMGW_GATEWAY_AUTH is off: /v1/ serves anyone who can reach it.", id="llmgw.W002"))
     return problems

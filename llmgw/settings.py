@@ -26,6 +26,13 @@ DATA_DIR_TIGHTENED = datadir.prepare(DATA_DIR, tuple(
     _SQLITE_PATH.with_name(_SQLITE_PATH.name + suffix) for suffix in ("", "-wal", "-shm", "-journal")))
 
 
+#: ``LLMGW_SECRET_KEY`` (signs sessions and django-q2's tasks). Every control plane of a
+#: cluster must share it: production mode (``LLMGW_DATABASE_URL``) refuses to start without
+#: it (``llmgw.checks``, llmgw.E004). Embedded mode may leave it unset: a random key is then
+#: kept in the data directory across restarts.
+LLMGW_SECRET_KEY_SET = bool(env_str("SECRET_KEY", ""))
+
+
 def _secret_key() -> str:
     """LLMGW_SECRET_KEY, else a random key kept in the data directory across restarts."""
     configured = env_str("SECRET_KEY", "")
@@ -133,20 +140,23 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels and django-q2 ---------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
+#: ``LLMGW_REDIS_PREFIX``: what keeps clusters sharing one Redis apart — the channel layer's
+#: prefix, the cache's key prefix and the task queue's name (django-q2's ``name``) follow it.
+REDIS_PREFIX = env_str("REDIS_PREFIX", "llmgw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's layer with a poll shorter than redis-py's read timeout.
             "BACKEND": "llmgw.channel_layer.RedisChannelLayer",
             # The prefix keeps clusters (or test runs) sharing one Redis apart.
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("REDIS_PREFIX", "llmgw")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_PREFIX},
         }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 Q_CLUSTER = {
-    "name": env_str("Q_NAME", "llmgw"),
+    "name": REDIS_PREFIX,  # the queue's name: clusters sharing a Redis never take each other's tasks
     "workers": env_int("Q_WORKERS", 2, minimum=1),
     # A pass takes well under a second; timeout < retry so a slow task is never run twice.
     "timeout": 60,
@@ -170,7 +180,7 @@ if REDIS_URL:
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
-            "KEY_PREFIX": env_str("REDIS_PREFIX", "llmgw") + ":cache",
+            "KEY_PREFIX": REDIS_PREFIX + ":cache",
         }
     }
 else:
@@ -249,7 +259,17 @@ LLMGW_WATCH_INTERVAL_S = env_duration_s("WATCH_INTERVAL", 0.2)
 LLMGW_WATCH_FAST_INTERVAL_S = env_duration_s("WATCH_FAST_INTERVAL", 0.05)
 LLMGW_HEARTBEAT_INTERVAL_S = env_duration_s("HEARTBEAT_INTERVAL", 5.0)
 LLMGW_AGENT_LOST_AFTER_S = env_duration_s("AGENT_LOST_AFTER", 20.0)
-LLMGW_PASS_LOCK_TTL_S = env_duration_s("PASS_LOCK_TTL", 60.0)
+#: The pass lock expires this long after its holder last extended it (a third of it, while
+#: its pass runs): how long a worker killed mid-pass holds up the next pass.
+LLMGW_PASS_LOCK_TTL_S = env_duration_s("PASS_LOCK_TTL", 10.0)
+#: The leader lease (``fleet.control.leader``): the leading worker renews it every
+#: ``LLMGW_LEADER_RENEW``; a standby takes it once it has not been renewed for
+#: ``LLMGW_LEADER_LEASE``, so a dead leader is replaced within about lease + renew.
+LLMGW_LEADER_LEASE_S = env_duration_s("LEADER_LEASE", 5.0)
+LLMGW_LEADER_RENEW_S = env_duration_s("LEADER_RENEW", 1.0)
+#: ``llmgw worker`` given SIGTERM (or SIGINT) gives up the lease at once, lets its tasks
+#: finish for this long, then kills what is left of its task cluster and exits.
+LLMGW_WORKER_STOP_GRACE_S = env_duration_s("WORKER_STOP_GRACE", 10.0)
 LLMGW_USAGE_FLUSH_INTERVAL_S = env_duration_s("USAGE_FLUSH_INTERVAL", 1.0)
 LLMGW_USAGE_REPORT_FRESH_S = env_duration_s("USAGE_REPORT_FRESH", 10.0)
 LLMGW_DRAIN_GRACE_S = env_duration_s("DRAIN_GRACE", 30.0)

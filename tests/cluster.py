@@ -1,4 +1,4 @@
-"""A small real cluster for tests: daphne, qcluster and an agent as processes on the test
+"""A small real cluster for tests: the web process, ``llmgw worker`` and an agent as processes on the test
 database, engines being the fake engine. Used by module-scoped fixtures."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class LiveCluster:
         self.agent_row, self.token = Agent.create_with_token(agent_name)
         self.agent_name = agent_name
         self.web = daphne(self.port, log_dir, env=self.env)
-        self.worker = Proc([PYTHON, "manage.py", "qcluster"], log_dir / "worker.log", env=self.env)
+        self.worker = Proc([PYTHON, "manage.py", "llmgw", "worker"], log_dir / "worker.log", env=self.env)
         self.agent = None
         self.start_agent()
 

@@ -1,5 +1,5 @@
 """A production-shaped cluster of real processes for fault tests: several web processes
-(daphne) behind one address, several workers (qcluster), several agents, each agent
+(daphne) behind one address, several workers (``llmgw worker``), several agents, each agent
 reaching the control plane through a link of its own that a test can cut. Engines are
 fake engines. Which database and broker they use comes from the environment (the test
 database of the run, or a private PostgreSQL)."""
@@ -64,8 +64,7 @@ class MultiCluster:
             for i in range(webs):
                 self.start_web(i)
             for i in range(workers):
-                self.workers.append(Proc([PYTHON, "manage.py", "qcluster"], log_dir / f"worker-{i}.log",
-                                         env=self.worker_env))
+                self.start_worker(i)
             for n, (name, token) in enumerate(agents.items()):
                 low = 22100 + 100 * n
                 handle = AgentHandle(name, token, log_dir / f"agent-{name}", f"{low}-{low + 99}",
@@ -88,6 +87,17 @@ class MultiCluster:
         web, self.webs[i] = self.webs[i], None
         if web is not None:
             web.stop(sig, timeout_s=10)
+
+    # -- workers ---------------------------------------------------------------------------
+    def start_worker(self, i: int) -> Proc:
+        """Start worker ``i`` (``llmgw worker``: the task cluster and the leader loop),
+        appended to ``self.workers`` or replacing a stopped one."""
+        proc = Proc([PYTHON, "manage.py", "llmgw", "worker"], self.log_dir / f"worker-{i}.log", env=self.worker_env)
+        if i < len(self.workers):
+            self.workers[i] = proc
+        else:
+            self.workers.append(proc)
+        return proc
 
     # -- agents ----------------------------------------------------------------------------
     def start_agent(self, name: str) -> Proc:

@@ -5,6 +5,7 @@ database, or with ``LLMGW_DATABASE_URL`` a PostgreSQL database of a name fixed p
 
 import os
 import re
+import secrets
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -15,12 +16,15 @@ os.environ.setdefault("LLMGW_DATA_DIR", str(_run_dir / "data"))
 os.environ.setdefault("LLMGW_SQLITE_PATH", str(_run_dir / "test.sqlite3"))
 # Runs sharing one PostgreSQL or Redis (other checkouts, CI) must not meet.
 _run_id = re.sub(r"[^a-z0-9]", "_", _run_dir.name.lower())
+# The prefix names the task queue too (llmgw.settings).
 os.environ.setdefault("LLMGW_REDIS_PREFIX", f"llmgw_{_run_id}")
-os.environ.setdefault("LLMGW_Q_NAME", f"llmgw_{_run_id}")
 # The URL the run was started with; LLMGW_DATABASE_URL itself is pointed at the test
 # database below, for the subprocesses.
 _database_url = os.environ.setdefault("LLMGW_TEST_BASE_DATABASE_URL", os.environ.get("LLMGW_DATABASE_URL", ""))
 os.environ["LLMGW_DATABASE_URL"] = _database_url
+if _database_url:
+    # Production mode needs one shared secret (llmgw.E004): this run's processes share this one.
+    os.environ.setdefault("LLMGW_SECRET_KEY", secrets.token_urlsafe(50))
 
 from llmgw.settings import *  # noqa: E402,F403
 from llmgw.settings import DATABASES, Q_CLUSTER  # noqa: E402

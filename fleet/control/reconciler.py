@@ -1,17 +1,22 @@
 """The reconciler's shell: load a snapshot, take the pass lock, ``plan()``, apply, record.
 
 Only this module (and the report ingestion in ``fleet.control.reports``) writes replica states on
-the control plane's side. Passes are serialised cluster-wide by ``PassLock``.
+the control plane's side. Passes are serialised cluster-wide by ``PassLock``, whose holder
+extends it while its pass runs, so the lock can be short (``LLMGW_PASS_LOCK_TTL``, 10 s): a
+worker killed mid-pass holds up the next pass for that long at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -128,7 +133,8 @@ def reconcile(holder: str | None = None) -> int:
             return passes
         try:
             started = time.time()
-            run_pass(now)
+            with _lock_kept(holder, settings.LLMGW_PASS_LOCK_TTL_S):
+                run_pass(now)
             # Machine-readable, for checking that passes never overlap (tests/system/test_faults.py).
             log.debug("pass by %s ran from %.6f to %.6f", holder, started, time.time())
         except Exception:
@@ -140,6 +146,31 @@ def reconcile(holder: str | None = None) -> int:
             return passes
     PassLock.objects.filter(pk=1, holder=holder).update(holder="", expires_at=None)
     return passes
+
+
+@contextlib.contextmanager
+def _lock_kept(holder: str, ttl_s: float) -> Iterator[None]:
+    """While the block runs, extend ``holder``'s pass lock every third of ``ttl_s`` from a
+    thread of its own (a pass is one blocking call). The thread does nothing for a pass
+    shorter than that, and is not waited for: a late extension by a holder that has let go
+    changes nothing (``PassLock.extend`` is conditional on the holder)."""
+    done = threading.Event()
+
+    def keep() -> None:
+        try:
+            while not done.wait(ttl_s / 3):
+                PassLock.extend(holder, timezone.now(), ttl_s)
+        except DatabaseError:
+            log.warning("could not extend the pass lock; it expires %.0f s after the last extension", ttl_s)
+        finally:
+            connections.close_all()
+
+    keeper = threading.Thread(target=keep, name="llmgw-pass-lock", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def request_pass() -> None:

@@ -31,7 +31,7 @@ from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View,
 
 __all__ = [
     "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "current_view",
-    "end_request", "fresh_view", "holding", "in_flight", "stop", "wait_for_change", "want_model",
+    "end_request", "fresh_view", "holding", "in_flight", "start", "stop", "wait_for_change", "want_model",
 ]
 
 
@@ -84,6 +84,13 @@ def add_loader(load: Callable[[], dict[str, Any]]) -> None:
     its dict into ``View.extra``. Adding the same callable twice adds it once."""
     if load not in watcher.extra_loaders:
         watcher.extra_loaders.append(load)
+
+
+def start() -> None:
+    """Start the watcher on the running event loop now (a web process at its start): it
+    registers this process as a control plane in its first loop, so ``status`` lists the
+    process from its start rather than from its first request."""
+    watcher.ensure_started()
 
 
 async def stop() -> None:

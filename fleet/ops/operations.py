@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
-from fleet.models import Agent, ControlPlane, Gpu, ModelState, PassLock, Replica
+from fleet.models import Agent, ControlPlane, Gpu, LeaderLease, ModelState, PassLock, Replica
 from fleet.control.demand import want
+from fleet.control.planes import control_plane_stall_s
 from fleet.control.reconciler import request_pass
 from fleet.groups import nudge_agents, restart_agents
 from fleet.ops import cluster as read
@@ -78,24 +78,32 @@ def request_agent_restarts() -> list[str]:
     return [a.name for a in agents]
 
 
+def leader_process() -> str:
+    """``host:pid`` of the worker holding the leader lease now ('' when none does:
+    ``LeaderLease.leader``)."""
+    return LeaderLease.leader(timezone.now())
+
+
 def leader_host() -> str:
-    """Host of the worker that ran the latest reconcile pass ('' if none yet)."""
-    holder = PassLock.objects.filter(pk=1).values_list("last_pass_holder", flat=True).first() or ""
-    return holder.rsplit(":", 1)[0]
+    """Host of the worker holding the leader lease ('' when none does)."""
+    return leader_process().rsplit(":", 1)[0]
 
 
 def control_planes(fresh_s: float | None = None) -> list[dict]:
-    """Registered control-plane processes heard from recently, one entry per host and role."""
-    fresh_s = fresh_s or max(30.0, 6 * settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S)
+    """Control-plane processes heard from within ``fresh_s`` (default: the stall bound,
+    ``planes.control_plane_stall_s``), one entry each, sorted by host, role and pid:
+    ``{"host", "role", "pid", "last_seen_at", "leader", "standby"}``. ``leader`` is the
+    worker holding the lease; every other worker listed is a ``standby``; web processes
+    are neither. The same rows give the same answer on every call."""
+    fresh_s = fresh_s or control_plane_stall_s()
     since = timezone.now() - timedelta(seconds=fresh_s)
-    leader = leader_host()
-    seen: dict[tuple[str, str], dict] = {}
-    for cp in ControlPlane.objects.filter(last_seen_at__gte=since).order_by("-last_seen_at"):
-        key = (cp.host, cp.role)
-        if key not in seen:
-            seen[key] = {"host": cp.host, "role": cp.role, "pid": cp.pid, "last_seen_at": cp.last_seen_at.isoformat(),
-                         "leader": cp.host == leader}
-    return sorted(seen.values(), key=lambda c: (c["host"], c["role"]))
+    leader = leader_process()
+    planes = []
+    for cp in ControlPlane.objects.filter(last_seen_at__gte=since).order_by("host", "role", "pid"):
+        leads = cp.role == ControlPlane.Role.WORKER and f"{cp.host}:{cp.pid}" == leader
+        planes.append({"host": cp.host, "role": cp.role, "pid": cp.pid, "last_seen_at": cp.last_seen_at.isoformat(),
+                       "leader": leads, "standby": cp.role == ControlPlane.Role.WORKER and not leads})
+    return planes
 
 
 def cluster_status() -> dict:
@@ -145,6 +153,7 @@ def cluster_status() -> dict:
         "stopped_at": cluster.stopped_at.isoformat() if cluster.stopped_at else None,
         "stopped_by": cluster.stopped_by or None,
         "leader": leader_host() or None,
+        "leader_process": leader_process() or None,
         "control_planes": control_planes(),
         "agents": agents,
         "models": models,

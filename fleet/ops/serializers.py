@@ -90,7 +90,8 @@ class ControlPlaneStatusSerializer(serializers.Serializer):
     role = serializers.CharField()
     pid = serializers.IntegerField()
     last_seen_at = serializers.DateTimeField()
-    leader = serializers.BooleanField()
+    leader = serializers.BooleanField(help_text="The worker holding the leader lease (runs the passes).")
+    standby = serializers.BooleanField(help_text="A worker that takes over if the leader goes.")
 
 
 class AgentStatusSerializer(serializers.Serializer):
@@ -130,7 +131,8 @@ class ClusterStatusSerializer(serializers.Serializer):
     stopped = serializers.BooleanField()
     stopped_at = serializers.DateTimeField(allow_null=True)
     stopped_by = serializers.CharField(allow_null=True)
-    leader = serializers.CharField(allow_null=True)
+    leader = serializers.CharField(allow_null=True, help_text="Host of the worker holding the leader lease.")
+    leader_process = serializers.CharField(allow_null=True, help_text="host:pid of that worker.")
     control_planes = ControlPlaneStatusSerializer(many=True)
     agents = AgentStatusSerializer(many=True)
     models = ModelStatusSerializer(many=True)

@@ -2,7 +2,7 @@
 run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 failed,
 2 bad usage, 3 no systemd)."""
 
-from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up, web
+from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up, web, worker
 from llmgw.cli import simulate
 
 COMMANDS = {
@@ -20,4 +20,5 @@ COMMANDS = {
     "mirror": mirror,
     "simulate": simulate,
     "web": web,
+    "worker": worker,
 }

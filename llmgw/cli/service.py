@@ -43,8 +43,10 @@ def unit_files() -> dict[str, str]:
         UNITS["web"]: UNIT_TEMPLATE.format(what="control plane (web: admin, API, gateway, agent websocket)", base=base,
                                            command=f"{python} {manage} llmgw web --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}}",
                                            extra="Environment=LLMGW_HOST=0.0.0.0\nEnvironment=LLMGW_PORT=8000\n"),
-        UNITS["worker"]: UNIT_TEMPLATE.format(what="reconciler worker (django-q2)", base=base,
-                                              command=f"{python} {manage} qcluster", extra=""),
+        # `llmgw worker`: django-q2's cluster plus the leader loop; it stops within
+        # LLMGW_WORKER_STOP_GRACE of SIGTERM, well inside systemd's own stop timeout.
+        UNITS["worker"]: UNIT_TEMPLATE.format(what="reconciler worker (django-q2 and the leader loop)", base=base,
+                                              command=f"{python} {manage} llmgw worker", extra=""),
         UNITS["agent"]: UNIT_TEMPLATE.format(what="agent (engines on this machine)", base=base,
                                              command=f"{python} {manage} llmgw agent",
                                              extra="KillMode=process\n"),

@@ -37,7 +37,7 @@ def run(options, stdout, stderr) -> int:
         short = models_short_of_ready(since)
     line.end()
     if short is None:
-        stderr.write(f"no reconcile pass ran within {options['timeout_s']:.0f} s: is the worker (qcluster) running?\n")
+        stderr.write(f"no reconcile pass ran within {options['timeout_s']:.0f} s: is a worker (`llmgw worker`) running?\n")
         return FAILED
     if short:
         stderr.write(f"not every model is ready after {options['timeout_s']:.0f} s:\n")

@@ -20,10 +20,10 @@ def run(options, stdout, stderr) -> int:
         out.print(f"[bold red]STOPPED[/] since {status['stopped_at']} by {status['stopped_by'] or 'unknown'} "
                   "— `llmgw start` to serve again")
     else:
-        out.print("[bold green]serving[/]" + (f" — leader {status['leader']}" if status["leader"] else ""))
-    out.print(table("control planes", ["host", "role", "pid", "leader", "last seen"],
-                    [[c["host"], c["role"], c["pid"], "yes" if c["leader"] else "", c["last_seen_at"]]
-                     for c in status["control_planes"]]))
+        out.print("[bold green]serving[/]" + (f" — leader {status['leader_process']}" if status["leader_process"]
+                                              else " — [bold red]no worker leads[/] (is `llmgw worker` running?)"))
+    out.print(table("control planes", ["host", "role", "pid", "lease", "last seen"],
+                    [[c["host"], c["role"], c["pid"], _lease(c), c["last_seen_at"]] for c in status["control_planes"]]))
     out.print(table("agents", ["name", "connected", "GPUs used/total", "CPU cores", "RAM MiB", "address"],
                     [[a["name"], "yes" if a["connected"] else "NO", f"{a['gpus_used']}/{a['gpus_total']}",
                       a["cpu_cores"], a["memory_mib"], a["address"]] for a in status["agents"]]))
@@ -34,6 +34,11 @@ def run(options, stdout, stderr) -> int:
                     [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"])),
                       r["note"]] for r in status["replicas"]]))
     return OK
+
+
+def _lease(plane: dict) -> str:
+    """The table's "lease": a worker leads or stands by; a web process holds none."""
+    return "leader" if plane["leader"] else "standby" if plane["standby"] else ""
 
 
 def _why(model: dict, status: dict) -> str:

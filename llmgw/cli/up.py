@@ -1,7 +1,7 @@
 """``llmgw up``: the all-in-one development/demo cluster in one foreground group.
 
 Migrates, seeds the demo catalog (``gemma-3-270m`` on llama-cpp-python, CPU, min 1),
-registers a local agent, then runs web (uvicorn), worker (qcluster) and agent as child
+registers a local agent, then runs web (uvicorn), worker (``llmgw worker``) and agent as child
 processes with prefixed logs. ``up`` supervises them (docs/architecture.md, "Decisions":
 restarts keep engines serving): an agent that dies is restarted with a backoff and adopts
 its engines, which keep serving; web or worker dying stops the rest, as a crash a user must
@@ -32,7 +32,6 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django_q.tasks import async_task
 
 from catalog.models import ClusterSettings, Model, Profile
 from fleet.agent.engines import AgentConfig
@@ -433,12 +432,11 @@ def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, e
     """Start the children and wait until asked to stop (or one exits); ``run`` stops them."""
     host, port = options["host"], options["port"]
     group.start("web", web_argv(host, port), env)
-    group.start("worker", [sys.executable, manage, "qcluster"], env)
+    group.start("worker", [sys.executable, manage, "llmgw", "worker"], env)
     # The token travels in the environment, not argv (which `ps` shows to everyone).
     group.start("agent", [sys.executable, manage, "llmgw", "agent", "--server", base_url,
                           "--name", "local", "--stop-engines-on-exit",
                           "--state-dir", str(Path(settings.DATA_DIR) / "agent")], {**env, "LLMGW_AGENT_TOKEN": token})
-    async_task("fleet.tasks.tick")
     cluster = ClusterSettings.get_solo()
     if cluster.stopped:
         when = f" at {cluster.stopped_at:%Y-%m-%d %H:%M:%S %Z}" if cluster.stopped_at else ""

@@ -426,3 +426,43 @@ def test_the_migration_copies_each_replicas_model_name_and_leaves_its_spec_unkno
     Replica.objects.update(model_name="")
     import_module("fleet.migrations.0010_replica_spec_hash_and_deletes_drain").copy_model_names(apps, None)
     assert list(Replica.objects.values_list("model_name", "spec_hash")) == [("old", "")]
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_longer_than_a_third_of_the_lock_ttl_keeps_the_lock_extended(monkeypatch, settings):
+    from tests.processes import wait_until
+
+    settings.LLMGW_PASS_LOCK_TTL_S = 3.0
+    taken = []
+
+    def slow_pass(now):
+        first = PassLock.objects.get(pk=1).expires_at
+        taken.append(first)
+        wait_until(lambda: PassLock.objects.get(pk=1).expires_at > first, timeout_s=60,
+                   what="the holder to extend its lock")
+        # Extended at about a third of the TTL: still live, so another worker cannot take it.
+        assert PassLock.try_acquire("other:2", timezone.now(), 3.0) is None
+
+    monkeypatch.setattr(reconciler, "run_pass", slow_pass)
+    assert reconciler.reconcile("me:1") == 1
+    lock = PassLock.objects.get(pk=1)
+    assert taken and (lock.holder, lock.expires_at, lock.last_pass_holder) == ("", None, "me:1")
+
+
+def test_a_stale_extension_of_a_released_lock_changes_nothing():
+    now = timezone.now()
+    PassLock.try_acquire("me:1", now, 10)
+    PassLock.release_if_unchanged("me:1", 0, now)
+    assert not PassLock.extend("me:1", now, 10)
+    assert PassLock.objects.get(pk=1).expires_at is None
+
+
+def test_the_watchdog_runs_a_pass_only_when_no_worker_leads(make_model):
+    from fleet.models import LeaderLease
+    from fleet.tasks import watchdog
+
+    connected_agent()
+    m = make_model("m", min_replicas=1)
+    LeaderLease.take_or_renew("w1:1", timezone.now(), 60.0)
+    assert watchdog() == 0 and not Replica.objects.filter(model=m).exists()
+    LeaderLease.release("w1:1")
+    assert watchdog() == 1 and Replica.objects.filter(model=m).count() == 1

@@ -1,5 +1,7 @@
 """Production mode: ``LLMGW_DATABASE_URL`` and ``LLMGW_REDIS_URL`` switch on PostgreSQL, the
-Redis channel layer and django-q2's Redis broker; with Redis the reconciler nudges an
+Redis channel layer and django-q2's Redis broker; ``LLMGW_REDIS_PREFIX`` alone keeps
+clusters sharing a Redis apart (the task queue's name follows it); production mode refuses
+to start without a shared ``LLMGW_SECRET_KEY``; with Redis the reconciler nudges an
 agent's websocket at once; a request that cannot reach the database is a 503, not a 500.
 (The whole suite also runs in production mode: the second pass of .ci/run.)"""
 
@@ -26,17 +28,29 @@ from django.conf import settings as s
 db = s.DATABASES["default"]
 print(json.dumps({"engine": db["ENGINE"], "name": db["NAME"], "health_checks": db.get("CONN_HEALTH_CHECKS"),
                   "layer": s.CHANNEL_LAYERS["default"]["BACKEND"], "layer_config": s.CHANNEL_LAYERS["default"].get("CONFIG"),
-                  "broker": "redis" if "redis" in s.Q_CLUSTER else "orm", "redis": s.Q_CLUSTER.get("redis")}))
+                  "broker": "redis" if "redis" in s.Q_CLUSTER else "orm", "redis": s.Q_CLUSTER.get("redis"),
+                  "queue": s.Q_CLUSTER["name"], "cache_prefix": s.CACHES["default"].get("KEY_PREFIX")}))
 """
 
 
-def project_settings(**env: str) -> dict:
-    full = {k: v for k, v in os.environ.items() if k not in ("LLMGW_DATABASE_URL", "LLMGW_REDIS_URL")}
+def project_env(**env: str) -> dict[str, str]:
+    """This environment without the run's service URLs or secret, plus ``env``."""
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("LLMGW_DATABASE_URL", "LLMGW_REDIS_URL", "LLMGW_SECRET_KEY")}
     full.update(DJANGO_SETTINGS_MODULE="llmgw.settings", **env)
-    done = subprocess.run([PYTHON, "-c", SHOW_SETTINGS], cwd=ROOT, env=full, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return full
+
+
+def project_settings(**env: str) -> dict:
+    done = subprocess.run([PYTHON, "-c", SHOW_SETTINGS], cwd=ROOT, env=project_env(**env), capture_output=True,
+                          text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def manage(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env=project_env(**env), capture_output=True,
+                          text=True, timeout=120, check=False)
 
 
 def test_the_embedded_default_needs_no_services():
@@ -53,6 +67,26 @@ def test_database_and_redis_urls_switch_on_production_mode():
     assert s["layer"] == "llmgw.channel_layer.RedisChannelLayer"
     assert s["layer_config"] == {"hosts": ["redis://cache.example:6379/2"], "prefix": "fleet1"}
     assert s["broker"] == "redis" and s["redis"] == "redis://cache.example:6379/2"
+
+
+def test_clusters_sharing_one_redis_need_only_a_prefix_each():
+    redis = {"LLMGW_DATABASE_URL": "postgres://llmgw@db.example:5432/llmgw", "LLMGW_REDIS_URL": "redis://r:6379/0"}
+    one = project_settings(**redis, LLMGW_REDIS_PREFIX="fleet1")
+    two = project_settings(**redis, LLMGW_REDIS_PREFIX="fleet2")
+    assert (one["queue"], one["layer_config"]["prefix"], one["cache_prefix"]) == ("fleet1", "fleet1", "fleet1:cache")
+    assert (two["queue"], two["layer_config"]["prefix"], two["cache_prefix"]) == ("fleet2", "fleet2", "fleet2:cache")
+
+
+def test_production_mode_refuses_to_start_without_a_shared_secret_key(tmp_path):
+    production = {"LLMGW_DATABASE_URL": "postgres://llmgw@db.example:5432/llmgw", "LLMGW_DATA_DIR": str(tmp_path)}
+    refused = manage("llmgw", "worker", **production)
+    assert refused.returncode != 0 and "llmgw.E004" in refused.stderr, refused.stdout + refused.stderr
+    assert "LLMGW_SECRET_KEY" in refused.stderr and "secrets.token_urlsafe" in refused.stderr  # the hint
+    assert manage("check", **production, LLMGW_SECRET_KEY="s" * 50).returncode == 0
+    # Embedded mode keeps its generated key.
+    embedded = manage("check", LLMGW_DATA_DIR=str(tmp_path / "embedded"), LLMGW_SQLITE_PATH="")
+    assert embedded.returncode == 0, embedded.stderr
+    assert (tmp_path / "embedded" / "secret_key").exists()
 
 
 @pytest.mark.django_db
@@ -108,3 +142,9 @@ def test_the_redis_layer_polls_for_less_than_redis_py_waits_for_an_answer():
     from llmgw.channel_layer import RedisChannelLayer
 
     assert RedisChannelLayer.brpop_timeout < DEFAULT_SOCKET_TIMEOUT
+
+
+def test_a_leader_lease_shorter_than_two_renewals_is_refused(tmp_path):
+    done = manage("check", LLMGW_DATA_DIR=str(tmp_path), LLMGW_SQLITE_PATH="", LLMGW_LEADER_LEASE="1s",
+                  LLMGW_LEADER_RENEW="1s")
+    assert done.returncode != 0 and "llmgw.E005" in done.stderr, done.stdout + done.stderr

@@ -24,7 +24,8 @@ def run_fresh(data_dir, *argv, extra_env=None, python=False) -> subprocess.Compl
     """``manage.py ARGV`` (or ``python -c ARGV[0]``) on the embedded default in ``data_dir``."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(data_dir),
            "LLMGW_SQLITE_PATH": "", "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "", "LLMGW_ALLOWED_HOSTS": "",
-           "LLMGW_BEHIND_TLS": "", "LLMGW_METRICS_TOKEN": "", "LLMGW_METRICS_PUBLIC": "", **(extra_env or {})}
+           "LLMGW_BEHIND_TLS": "", "LLMGW_METRICS_TOKEN": "", "LLMGW_METRICS_PUBLIC": "", "LLMGW_SECRET_KEY": "",
+           **(extra_env or {})}
     command = [PYTHON, "-c", argv[0]] if python else [PYTHON, "manage.py", *argv]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
                           preexec_fn=lambda: os.umask(0o022))

@@ -103,6 +103,29 @@ def test_status_of_a_stopped_cluster(fleet):
     assert all(m["desired"] == 0 for m in data["models"])
 
 
+def test_status_names_the_lease_holder_leader_and_every_other_worker_a_standby_on_every_call():
+    from fleet.models import ControlPlane, LeaderLease
+
+    for host, role, pid in [("cp-a", "worker", 10), ("cp-a", "worker", 11), ("cp-a", "web", 12), ("cp-b", "worker", 7)]:
+        ControlPlane.objects.create(host=host, role=role, pid=pid)
+    ControlPlane.objects.create(host="cp-c", role="worker", pid=1, last_seen_at=timezone.now() - timezone.timedelta(
+        minutes=5))  # gone: not listed
+    assert LeaderLease.take_or_renew("cp-a:11", timezone.now(), 60.0)
+    answers = [json.loads(llmgw("status", "--json")[1]) for _ in range(3)]
+    assert answers[0]["control_planes"] == answers[1]["control_planes"] == answers[2]["control_planes"]
+    data = answers[0]
+    assert (data["leader"], data["leader_process"]) == ("cp-a", "cp-a:11")
+    assert [(c["host"], c["role"], c["pid"], c["leader"], c["standby"]) for c in data["control_planes"]] == [
+        ("cp-a", "web", 12, False, False), ("cp-a", "worker", 10, False, True), ("cp-a", "worker", 11, True, False),
+        ("cp-b", "worker", 7, False, True)]
+    code, out, _ = llmgw("status")
+    assert code == 0 and "leader cp-a:11" in out and out.count("standby") == 2
+    LeaderLease.release("cp-a:11")
+    data = json.loads(llmgw("status", "--json")[1])
+    assert data["leader"] is None and not any(c["leader"] for c in data["control_planes"])
+    assert "no worker leads" in llmgw("status")[1]
+
+
 def test_stop_wait_times_out_with_exit_code_1(fleet):
     agent, always, _ = fleet
     Replica.objects.create(model=always, profile=always.profile, agent=agent, state="ready", port=1)
@@ -180,7 +203,7 @@ def test_service_install_writes_units_with_kill_mode_process_for_the_agent(tmp_p
     assert llmgw("service", "install", "--dir", str(units))[0] == 0
     agent_unit = (units / "llmgw-agent.service").read_text()
     assert "KillMode=process" in agent_unit and "llmgw agent" in agent_unit
-    assert "qcluster" in (units / "llmgw-worker.service").read_text()
+    assert "llmgw worker" in (units / "llmgw-worker.service").read_text()
     # The web unit runs uvicorn as `llmgw up` does, with its bounds and exposure check.
     assert "llmgw web --host ${LLMGW_HOST}" in (units / "llmgw-web.service").read_text()
     assert (units / "llmgw-web.service").stat().st_mode & 0o777 == 0o644
@@ -203,7 +226,7 @@ def test_llmgw_web_on_a_public_address_needs_allowed_hosts_and_starts_nothing(mo
 def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_path, monkeypatch, fleet):
     import socket
 
-    from fleet.models import ControlPlane, PassLock
+    from fleet.models import ControlPlane, LeaderLease
 
     calls = tmp_path / "calls"
     fake_bin(tmp_path, "ssh", f'echo "ssh $@" >> {calls}\nexit 0\n')
@@ -212,8 +235,7 @@ def test_restart_orders_agents_then_standbys_then_the_leader_then_itself(tmp_pat
     me = socket.gethostname()
     for host, role in [("cp-leader", "worker"), ("cp-b", "web"), ("cp-a", "web"), (me, "web"), ("cp-leader", "web")]:
         ControlPlane.objects.create(host=host, role=role, pid=1)
-    PassLock.ensure()
-    PassLock.objects.filter(pk=1).update(last_pass_holder="cp-leader:4242")
+    assert LeaderLease.take_or_renew("cp-leader:1", timezone.now(), 60.0)
     # The agent "comes back" at once: a connected session newer than the request.
     agent = fleet[0]
     Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() + timezone.timedelta(seconds=5))

@@ -48,8 +48,8 @@ def production(tmp_path_factory):
             "LLMGW_DATABASE_URL": pg.url("llmgw"),
             "LLMGW_REDIS_URL": "redis://127.0.0.1:6379/15",
             "LLMGW_REDIS_PREFIX": f"llmgw_pgrestart_{run_id}",
-            "LLMGW_Q_NAME": f"llmgw_pgrestart_{run_id}",
             "LLMGW_DATA_DIR": str(data / "data"),
+            "LLMGW_SECRET_KEY": f"pg-restart-{run_id}-" + "k" * 40,  # production mode: one shared secret
         }
         full_env = {**os.environ, **FAULT_ENV, **env}
         subprocess.run([PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=full_env,
