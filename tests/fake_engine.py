@@ -19,6 +19,10 @@ POST fail, --record appends JSON lines (request / completed / cancelled),
 --api-key K (as vLLM's --api-key): every request without ``Authorization: Bearer K`` is
 answered 401, health and metrics included. --dump-env PATH writes the environment it was
 started with (JSON) to PATH.
+
+For the agent's identity and restart tests: --term-delay-s S exits only S seconds after
+SIGTERM (an engine slow to stop; SIGKILL still ends it), --stay-on-bind-error keeps running,
+listening nowhere, when its port is taken (an engine that cannot bind and does not exit).
 """
 import argparse
 import asyncio
@@ -380,6 +384,8 @@ def parse_args(argv=None):
     p.add_argument("--reset-after-done", action="store_true")
     p.add_argument("--api-key", default="")
     p.add_argument("--dump-env", default=None)
+    p.add_argument("--term-delay-s", type=float, default=0.0)
+    p.add_argument("--stay-on-bind-error", action="store_true")
     return p.parse_args(argv)
 
 
@@ -391,7 +397,10 @@ def hard_exit(code):
 async def main(args):
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, hard_exit, 0)
+        if args.term_delay_s:
+            loop.add_signal_handler(sig, loop.call_later, args.term_delay_s, hard_exit, 0)
+        else:
+            loop.add_signal_handler(sig, hard_exit, 0)
     if args.exit_after_s:
         loop.call_later(args.exit_after_s, hard_exit, 1)
     if args.dump_env:
@@ -400,7 +409,13 @@ async def main(args):
     if args.startup_delay_s:
         await asyncio.sleep(args.startup_delay_s)
     engine = Engine(args)
-    server = await asyncio.start_server(engine.handle_conn, args.host, args.port, reuse_address=True)
+    try:
+        server = await asyncio.start_server(engine.handle_conn, args.host, args.port, reuse_address=True)
+    except OSError as exc:
+        if not args.stay_on_bind_error:
+            raise
+        print(f"fake engine cannot listen on {args.host}:{args.port} ({exc}); staying", flush=True)
+        await asyncio.Event().wait()
     print(f"fake engine listening on {args.host}:{args.port}", flush=True)
     async with server:
         await server.serve_forever()

@@ -7,7 +7,6 @@ database of the run, or a private PostgreSQL)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -123,22 +122,18 @@ class MultiCluster:
         a.proc.proc.wait(10)
 
     def engine_pids(self, name: str) -> dict[int, int]:
-        """Replica id → engine pid, from the agent's state file."""
-        try:
-            data = json.loads((self.agents[name].state_dir / "engines.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        return {int(rid): item["pid"] for rid, item in data.items() if item.get("pid")}
+        """Replica id → engine pid, from the agent's state file (engines it holds, not ones
+        it is stopping)."""
+        from fleet.agent.processes import read_state
+
+        return {int(r["replica_id"]): r["pid"] for r in read_state(self.agents[name].state_dir / "engines.json")
+                if not r.get("stopping")}
 
     def _kill_orphans(self, a: AgentHandle) -> None:
         """Engines left by an agent that was killed and not brought back."""
-        from fleet.agent.engines import process_start_time
+        from fleet.agent.processes import process_start_time, read_state
 
-        try:
-            data = json.loads((a.state_dir / "engines.json").read_text())
-        except (OSError, ValueError):
-            return
-        for item in data.values():
+        for item in read_state(a.state_dir / "engines.json"):
             pid = item.get("pid")
             if pid and process_start_time(pid) == item.get("start_time"):
                 with contextlib.suppress(OSError):

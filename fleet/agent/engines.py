@@ -3,8 +3,14 @@ exit, read load, stop (SIGTERM to the group, SIGKILL after a grace), adopt after
 
 Each engine runs in its own session (process group), logs to its own file (never a pipe to
 the agent, which would break when the agent re-executes) and is recorded in a state file
-(pid, process start time, address, port, served name, its spec with the engine key; mode
-0600) so a restarted agent can adopt it.
+(:mod:`fleet.agent.processes`: pid, process start time, address, port, its spec with the
+engine key; mode 0600) from its spawn until its whole group is seen gone, stops included, so
+a restarted agent adopts it or finishes stopping it: no orphan engines.
+
+An engine is ready only when the process listening on its port is one of its own group
+(:mod:`fleet.agent.sockets`) and, for an OpenAI readiness path (``/v1/models``), it serves
+the replica's name; another process on the port fails the start on that port, retried on
+another (``PORT_TRIES``).
 
 Engines are reachable only through the gateway (docs/architecture.md, "Security": engine keys):
 each listens on the address the agent advertises (never every interface unless ``--bind-host``
@@ -17,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import shlex
@@ -32,8 +37,11 @@ from typing import Callable
 
 import httpx
 
+from fleet.agent import sockets
 from fleet.agent.cache import WeightsCache
 from fleet.agent.metrics import read_load
+from fleet.agent.processes import (group_gone, kill_group, kill_leftovers, process_alive, process_start_time,
+                                   read_state, reap_children, write_state)
 from fleet.agent.weights import WeightsError, fetch_weights
 from fleet.protocol import AssignedReplica, ReplicaReport, port_free
 from fleet.states import ReplicaState
@@ -75,46 +83,6 @@ class AgentConfig:
     @property
     def state_file(self) -> Path:
         return self.state_dir / "engines.json"
-
-
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if gone.
-    With the pid it identifies a process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    return data.rsplit(")", 1)[1].split()[19]
-
-
-def process_alive(pid: int, start_time: str | None) -> bool:
-    """True if ``pid`` is the process that started at ``start_time`` and has not exited. An
-    adopted engine is still our child after an in-place restart (exec keeps the pid): once
-    it exits it is a zombie until reaped, so zombies are reaped and count as dead."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    if fields[19] != start_time:
-        return False
-    if fields[0] in ("Z", "X"):
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
-def reap_children() -> None:
-    """Collect exited children so their pids are not mistaken for live engines."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def url_path(path: str) -> str:
@@ -219,6 +187,9 @@ class Engine:
     stopping: bool = False
     #: Fraction (0..1) of its weights downloaded while ``downloading``; None otherwise.
     progress: float | None = None
+    #: Wall-clock seconds when its process was spawned (the startup timeout runs from it,
+    #: across an agent restart).
+    started_at: float | None = None
 
     @property
     def replica_id(self) -> int:
@@ -251,6 +222,17 @@ class Engine:
         if self.pid is None:
             return False
         return process_alive(self.pid, self.start_time)
+
+    def exit_code(self) -> int | str:
+        """Its exit code, "?" when it was not our child (adopted after the agent restarted)."""
+        return self.proc.returncode if self.proc is not None and self.proc.returncode is not None else "?"
+
+    def record(self) -> dict:
+        """Its state-file record (:mod:`fleet.agent.processes`), not stopping."""
+        return {"pid": self.pid, "start_time": self.start_time, "replica_id": self.replica_id, "host": self.host,
+                "port": self.port, "served_name": self.spec.get("served_name", ""), "spec": self.spec,
+                "log_path": str(self.log_path) if self.log_path else None, "started_at": self.started_at,
+                "stopping": False}
 
     def log_tail(self, lines: int = 15) -> str:
         """The log's last ``lines`` lines, within its last 8 KiB, each whole: a line cut by
@@ -293,6 +275,13 @@ class EngineManager:
         self.advertised = ""
         #: Reports of engines stopped since the last status, sent once then forgotten.
         self.finished: dict[int, ReplicaReport] = {}
+        #: Every engine process started (or adopted) and not yet seen gone, by pid: the state
+        #: file's records. Kept through stopping, so an agent killed mid-stop still knows it.
+        self.spawned: dict[int, dict] = {}
+        #: Whether an ``assign`` arrived since this process started: before it, engines
+        #: adopted are kept; the first one says which the control plane still wants.
+        self.assigned = False
+        self._detached: set[asyncio.Task] = set()
         for directory in (config.state_dir, config.cache_dir, config.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # it holds engine keys (state file) and logs
@@ -332,63 +321,102 @@ class EngineManager:
         return resolve_bind_host(self.advertised) if self.advertised else "127.0.0.1"
 
     def _changed(self) -> None:
+        self._forget_gone()
         self.save_state()
         self.on_change()
 
     # -- state file (adoption) -------------------------------------------------------------
     def save_state(self) -> None:
-        data = {
-            str(e.replica_id): {
-                "pid": e.pid, "start_time": e.start_time, "host": e.host, "port": e.port,
-                "served_name": e.spec["served_name"], "spec": e.spec,
-                "log_path": str(e.log_path) if e.log_path else None,
-            }
-            for e in self.engines.values()
-            if e.pid is not None and not e.stopping
-        }
-        tmp = self.config.state_file.with_suffix(".tmp")
-        # 0600 from the start: the specs hold the engine keys.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data))
-        os.chmod(tmp, 0o600)  # a file left by an older agent keeps its mode otherwise
-        tmp.replace(self.config.state_file)
+        """Write every engine process not yet seen gone to the state file
+        (:func:`fleet.agent.processes.write_state`): a record is "stopping" once a stop began,
+        or when no engine this agent holds has that pid any more."""
+        records = []
+        for pid, record in self.spawned.items():
+            engine = self.engines.get(record.get("replica_id"))
+            held = engine is not None and engine.pid == pid and not engine.stopping
+            records.append({**record, "stopping": bool(record.get("stopping")) or not held})
+        write_state(self.config.state_file, records)
+
+    def _spawned(self, engine: Engine) -> None:
+        """Record ``engine``'s new process and write the state file at once, before anything
+        awaits: from here the engine may outlive this agent."""
+        self.spawned[engine.pid] = engine.record()
+        self.save_state()
+
+    def _forget_gone(self) -> bool:
+        """Drop the records of processes whose whole group is gone; True if any was. Our own
+        children are asked through their Popen (which must reap them to keep the exit code)."""
+        children = {e.pid: e.proc for e in self.engines.values() if e.proc is not None}
+        gone = [pid for pid, r in self.spawned.items()
+                if not (pid in children and children[pid].poll() is None) and group_gone(pid, r.get("start_time"))]
+        for pid in gone:
+            del self.spawned[pid]
+        return bool(gone)
 
     async def adopt(self) -> int:
-        """Take over engines a previous agent process started and left running: pid alive
-        with the recorded start time, and its readiness path answers. Returns how many."""
+        """On start, take over every engine process the state file lists that is still alive
+        (pid and start time match; docs/architecture.md, "Decisions": no orphan engines).
+        One being stopped when the previous agent went away is stopped (SIGTERM to its group,
+        SIGKILL after the grace), reported ``stopping`` until gone. The others are held as
+        they are: ready if they pass the readiness check (:meth:`_await_ready`'s identity
+        rules), else starting, with the rest of their startup timeout; the first ``assign``
+        stops those not wanted (:meth:`apply`). Dead ones are forgotten, their groups' leftovers
+        killed. Returns how many were adopted ready."""
         reap_children()
-        try:
-            data = json.loads(self.config.state_file.read_text())
-        except (OSError, ValueError):
-            return 0
         adopted = 0
-        for key, item in data.items():
-            pid, start = item.get("pid"), item.get("start_time")
-            spec = item.get("spec")
-            if not pid or not spec or process_start_time(pid) != start:
+        # Engines held first: of two processes recorded for one replica, the one being
+        # stopped is the one that goes.
+        for record in sorted(read_state(self.config.state_file), key=lambda r: bool(r.get("stopping"))):
+            pid, start = record["pid"], record.get("start_time")
+            if not process_alive(pid, start):
+                kill_leftovers(pid, start)
+                if not group_gone(pid, start):
+                    self.spawned[pid] = {**record, "stopping": True}  # looked at again on the next change
                 continue
+            self.spawned[pid] = dict(record)
             # The spec recorded holds the engine key the engine was started with, so the
             # readiness check below (and every later probe) presents it.
-            engine = Engine(spec=spec, state=S.STARTING, pid=pid, port=item.get("port"),
-                            host=item.get("host") or "127.0.0.1", start_time=start, adopted=True)
-            if item.get("log_path"):
-                engine.log_path = Path(item["log_path"])
+            engine = Engine(spec=record["spec"], state=S.STARTING, pid=pid, port=record.get("port"),
+                            host=record.get("host") or "127.0.0.1", start_time=start, adopted=True,
+                            started_at=record.get("started_at"))
+            if record.get("log_path"):
+                engine.log_path = Path(record["log_path"])
+            rid = engine.replica_id
+            if record.get("stopping") or rid in self.engines:
+                log.info("replica %s: its engine (pid %s) was being stopped when the agent went away: stopping it",
+                         rid, pid)
+                self.spawned[pid]["stopping"] = True
+                engine.state, engine.stopping = S.STOPPING, True
+                if rid in self.engines:  # a second process of one replica: nothing to report
+                    self._detach(self._terminate(engine))
+                else:
+                    self.engines[rid] = engine
+                    self._detach(self._stop(engine))
+                continue
+            self.engines[rid] = engine
             if await self._ready(engine):
                 engine.state = S.READY
-                self.engines[engine.replica_id] = engine
                 engine.task = asyncio.create_task(self._watch(engine))
                 adopted += 1
-                log.info("adopted engine of replica %s (pid %s, port %s)", key, pid, engine.port)
+                log.info("adopted engine of replica %s (pid %s, port %s)", rid, pid, engine.port)
             else:
-                log.info("not adopting replica %s: pid %s does not answer readiness", key, pid)
-                self._kill_group(pid, signal.SIGKILL)
+                log.info("adopted engine of replica %s (pid %s, port %s), not ready yet", rid, pid, engine.port)
+                engine.task = asyncio.create_task(self._resume_start(engine))
         self.save_state()
         return adopted
 
+    def _detach(self, coro) -> None:
+        """Run ``coro`` (a stop) as a task kept until done: :meth:`stop_all` waits for it."""
+        task = asyncio.create_task(coro)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+
     # -- desired set -----------------------------------------------------------------------
     def apply(self, replicas: list[AssignedReplica]) -> None:
-        """Start what is newly assigned; stop what no longer is."""
+        """Start what is newly assigned; stop what no longer is. On the first assign since
+        this agent started, an adopted engine not in it is an orphan of the previous agent:
+        its report says "stopped after the agent's restart: not assigned"."""
+        first, self.assigned = not self.assigned, True
         wanted = {int(r["replica_id"]): r for r in replicas}
         for rid, spec in wanted.items():
             if rid not in self.engines:
@@ -398,7 +426,10 @@ class EngineManager:
         for rid, engine in list(self.engines.items()):
             if rid not in wanted and not engine.stopping:
                 engine.stopping = True
-                asyncio.create_task(self._stop(engine))
+                if first and engine.adopted:
+                    engine.error = ORPHAN_STOPPED
+                    log.info("replica %s (pid %s): %s", rid, engine.pid, ORPHAN_STOPPED)
+                self._detach(self._stop(engine))
         self._changed()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -419,44 +450,25 @@ class EngineManager:
             )
             engine.progress = None
             engine.host = self.bind_host()
-            engine.port = self._pick_port(engine.host)
-            engine.log_path = self.config.log_dir / f"replica-{engine.replica_id}.log"
-            key = str(spec.get("api_key") or "")
-            values = {
-                "python": sys.executable,
-                "weights_path": str(weights),
-                "host": engine.host,
-                "port": engine.port,
-                "served_name": spec["served_name"],
-                "gpus": ",".join(str(i) for i in spec["gpu_indices"]),
-                "tp_size": max(1, len(spec["gpu_indices"])),
-                "threads": max(1, int(spec.get("cpu_cores") or 1)),
-                "api_key": key,
-            }
-            argv = render_command(spec["command"], values)
-            env = engine_environment(dict(os.environ), spec.get("env"), values["gpus"], key)
-            shown = " ".join(argv).replace(key, "***") if key else " ".join(argv)
-            log.info("starting replica %s on %s:%s: %s", engine.replica_id, engine.host, engine.port, shown)
-            with open(engine.log_path, "ab") as log_file:
-                engine.proc = subprocess.Popen(
-                    argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True, cwd=str(self.config.state_dir),
-                )
-            engine.pid = engine.proc.pid
-            engine.start_time = process_start_time(engine.pid)
-            engine.state = S.STARTING
-            self._changed()
-            deadline = time.monotonic() + float(spec["startup_timeout_s"])
-            pause = 0.02  # poll fast at first: somebody may be holding a request for this
-            while not (engine.alive() and await self._ready(engine)):
-                # Alive first: if our engine died (say its port was taken), whatever else
-                # answers on that port must not pass for it.
-                if not engine.alive():
-                    raise _EngineFailed(f"engine exited with code {engine.proc.returncode} while starting")
-                if time.monotonic() > deadline:
-                    raise _EngineFailed(f"not ready after {spec['startup_timeout_s']} s")
-                await asyncio.sleep(pause)
-                pause = min(pause * 1.5, self.config.readiness_poll_s)
+            tried: list[int] = []
+            taken: list[str] = []
+            while True:
+                engine.port = self._pick_port(engine.host, avoid=tried)
+                tried.append(engine.port)
+                self._spawn(engine, weights)
+                problem = await self._await_ready(engine, time.monotonic() + float(spec["startup_timeout_s"]))
+                if problem is None:
+                    break
+                # Another process on the port: a failed start on that port, never a route there.
+                taken.append(problem)
+                await self._terminate(engine)
+                engine.proc, engine.pid, engine.start_time = None, None, None
+                if len(taken) >= PORT_TRIES:
+                    raise _EngineFailed("; ".join(taken) + f": gave up after {PORT_TRIES} ports")
+                log.warning("replica %s: %s; starting it on another port", engine.replica_id, problem)
+                engine.error = "; ".join(taken) + ": starting on another port"
+                self._changed()
+            engine.error = ""
             engine.state = S.READY
             log.info("replica %s ready on port %s", engine.replica_id, engine.port)
             self._changed()
@@ -464,6 +476,109 @@ class EngineManager:
         except asyncio.CancelledError:
             raise
         except (WeightsError, _EngineFailed, OSError, ValueError, KeyError, IndexError) as exc:
+            await self._fail(engine, str(exc))
+
+    def _spawn(self, engine: Engine, weights: Path) -> None:
+        """Start ``engine``'s process on its host and port (in a session of its own, logging
+        to its file) and record it in the state file before anything awaits."""
+        spec = engine.spec
+        engine.log_path = self.config.log_dir / f"replica-{engine.replica_id}.log"
+        key = str(spec.get("api_key") or "")
+        values = {
+            "python": sys.executable,
+            "weights_path": str(weights),
+            "host": engine.host,
+            "port": engine.port,
+            "served_name": spec["served_name"],
+            "gpus": ",".join(str(i) for i in spec["gpu_indices"]),
+            "tp_size": max(1, len(spec["gpu_indices"])),
+            "threads": max(1, int(spec.get("cpu_cores") or 1)),
+            "api_key": key,
+        }
+        argv = render_command(spec["command"], values)
+        env = engine_environment(dict(os.environ), spec.get("env"), values["gpus"], key)
+        shown = " ".join(argv).replace(key, "***") if key else " ".join(argv)
+        log.info("starting replica %s on %s:%s: %s", engine.replica_id, engine.host, engine.port, shown)
+        with open(engine.log_path, "ab") as log_file:
+            engine.proc = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, cwd=str(self.config.state_dir),
+            )
+        engine.pid = engine.proc.pid
+        engine.start_time = process_start_time(engine.pid)
+        engine.started_at = time.time()
+        self._spawned(engine)
+        engine.state = S.STARTING
+        self._changed()
+
+    async def _await_ready(self, engine: Engine, deadline: float) -> str | None:
+        """Wait until ``engine`` is ready: alive, its readiness path answers 200 (naming its
+        served model, for a ``/v1/models`` path) and the process listening on its port is of
+        its own group (:func:`fleet.agent.sockets.port_holders`; docs/architecture.md,
+        "Decisions": readiness proves identity). Returns None when ready, or the words for its
+        port taken by another process ("port 20002 taken by pid 4711 (python3)"). Raises
+        _EngineFailed when it exits, serves another model or is not ready by ``deadline``
+        (monotonic seconds)."""
+        pause = 0.02  # poll fast at first: somebody may be holding a request for this
+        next_holders = 0.0
+        while True:
+            # Alive first: if our engine died (say its port was taken), whatever else
+            # answers on that port must not pass for it.
+            if not engine.alive():
+                holders = await self._holders(engine)
+                if holders is not None and holders.foreign:
+                    return holders.taken_by(engine.port)
+                raise _EngineFailed(f"engine exited with code {engine.exit_code()} while starting")
+            problem = await self._probe(engine)
+            answered = problem is None or isinstance(problem, _WrongModel)
+            # Something accepted the connection: who? (at most once a second unless it is an
+            # answer that would make it ready: /proc is read whole)
+            if answered or (problem not in CONNECT_PROBLEMS and time.monotonic() >= next_holders):
+                next_holders = time.monotonic() + 1.0
+                holders = await self._holders(engine)
+                if holders is not None and holders.foreign:
+                    return holders.taken_by(engine.port)
+                if answered and (holders is None or holders.ours):
+                    if problem is not None:
+                        raise _EngineFailed(str(problem))
+                    return None
+            if time.monotonic() > deadline:
+                raise _EngineFailed(f"not ready after {engine.spec['startup_timeout_s']} s"
+                                    + (f" ({problem})" if problem else ""))
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, self.config.readiness_poll_s)
+
+    async def _holders(self, engine: Engine) -> sockets.PortHolders | None:
+        """Who listens on ``engine``'s port (None where /proc cannot be read: then readiness
+        is the readiness path answering, as before, said once in the log)."""
+        global _NO_PROC_SAID
+        if engine.port is None or engine.pid is None:
+            return None
+        holders = await asyncio.to_thread(sockets.port_holders, engine.port, engine.host, engine.pid)
+        if holders is None and not _NO_PROC_SAID:
+            _NO_PROC_SAID = True
+            log.warning("cannot read /proc/net/tcp: an engine's readiness is its readiness path answering, "
+                        "without checking which process listens on its port")
+        return holders
+
+    async def _resume_start(self, engine: Engine) -> None:
+        """An adopted engine that was still starting: wait for it with what is left of its
+        startup timeout (from ``started_at``), then watch it; fail it otherwise (a port taken
+        cannot be retried here: the engine was started on it)."""
+        try:
+            left = float(engine.spec.get("startup_timeout_s") or 0)
+            if engine.started_at:
+                left -= time.time() - engine.started_at
+            problem = await self._await_ready(engine, time.monotonic() + max(0.0, left))
+            if problem is not None:
+                raise _EngineFailed(problem)
+            engine.state = S.READY
+            log.info("replica %s ready on port %s", engine.replica_id, engine.port)
+            self._changed()
+            await self._watch(engine)
+        except asyncio.CancelledError:
+            raise
+        except (_EngineFailed, OSError, ValueError, KeyError) as exc:
             await self._fail(engine, str(exc))
 
     def _download_progress(self, engine: Engine, done: int, total: int) -> None:
@@ -485,8 +600,7 @@ class EngineManager:
         unready: dict[str, float] = {}  # kind of failure -> since when (monotonic)
         while not engine.stopping:
             if not engine.alive():
-                code = engine.proc.returncode if engine.proc is not None else "?"
-                await self._fail(engine, f"engine exited with code {code}")
+                await self._fail(engine, f"engine exited with code {engine.exit_code()}")
                 return
             if time.monotonic() >= next_check:
                 problem = await self._probe(engine)
@@ -532,24 +646,39 @@ class EngineManager:
         self._changed()
 
     async def _ready(self, engine: Engine) -> bool:
-        return await self._probe(engine) is None
+        """One readiness check of an engine adopted: its readiness path answers (with its
+        served name) and the process listening on its port is of its group."""
+        if await self._probe(engine) is not None:
+            return False
+        holders = await self._holders(engine)
+        return holders is None or (bool(holders.ours) and not holders.foreign)
 
     async def _probe(self, engine: Engine) -> str | None:
-        """None if the engine answers its readiness path with 200, else what went wrong
-        ("no answer" when it accepted the connection but did not answer in time)."""
+        """None if the engine answers its readiness path with 200 — and, for a ``/v1/models``
+        path (an OpenAI server), lists its served name — else what went wrong ("no answer"
+        when it accepted the connection but did not answer in time; a :class:`_WrongModel`
+        when it answered with other models)."""
         if engine.port is None:
             return "no port"
-        url = f"{engine.base_url()}{url_path(engine.spec.get('readiness_path') or '/')}"
+        path = url_path(engine.spec.get("readiness_path") or "/")
         try:
-            response = await self._http.get(url, headers=engine.probe_headers)
+            response = await self._http.get(f"{engine.base_url()}{path}", headers=engine.probe_headers)
         except httpx.TimeoutException as exc:
             return "no answer" if not isinstance(exc, httpx.ConnectTimeout) else "connect timeout"
         except httpx.HTTPError as exc:
             return type(exc).__name__
-        return None if response.status_code == 200 else f"HTTP {response.status_code}"
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}"
+        if path.split("?", 1)[0].rstrip("/") == "/v1/models":
+            return served_name_problem(response, engine.spec.get("served_name", ""))
+        return None
 
-    def _pick_port(self, host: str) -> int:
-        used = {e.port for e in self.engines.values() if e.port}
+    def _pick_port(self, host: str, avoid: list[int] | None = None) -> int:
+        """The first port of the range free on ``host`` that no engine of ours holds (nor one
+        being stopped) and not in ``avoid`` (ports this start already found taken). The check
+        races the engine's bind: :meth:`_await_ready`'s identity check is the real guard."""
+        used = {e.port for e in self.engines.values() if e.port} | {r.get("port") for r in self.spawned.values()}
+        used |= set(avoid or ())
         for port in range(self.config.port_min, self.config.port_max + 1):
             if port not in used and _port_free(host, port):
                 return port
@@ -569,9 +698,17 @@ class EngineManager:
         self._changed()
 
     async def _terminate(self, engine: Engine) -> None:
-        """SIGTERM to the engine's process group, SIGKILL after the grace."""
-        if engine.pid is None or not engine.alive():
+        """SIGTERM to the engine's process group, SIGKILL after the grace; its state-file
+        record says "stopping" from the start and goes once the whole group is gone."""
+        if engine.pid is None:
+            return
+        if engine.pid in self.spawned and not self.spawned[engine.pid].get("stopping"):
+            self.spawned[engine.pid]["stopping"] = True
+            self.save_state()
+        if not engine.alive():
             self._reap(engine)
+            kill_leftovers(engine.pid, engine.start_time)
+            await self._wait_group_gone(engine)
             return
         self._kill_group(engine.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.stop_grace_s
@@ -586,6 +723,16 @@ class EngineManager:
             # The leader is gone; children it left in its group (workers) go too.
             self._kill_group(engine.pid, signal.SIGKILL)
         self._reap(engine)
+        await self._wait_group_gone(engine)
+
+    async def _wait_group_gone(self, engine: Engine, timeout_s: float = 5.0) -> None:
+        """Forget ``engine``'s process once its whole group is seen gone (a few seconds for
+        the last members to be reaped); a group still there stays in the state file."""
+        deadline = time.monotonic() + timeout_s
+        while not group_gone(engine.pid, engine.start_time) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._forget_gone():
+            self.save_state()
 
     @staticmethod
     def _reap(engine: Engine) -> None:
@@ -595,20 +742,51 @@ class EngineManager:
 
     @staticmethod
     def _kill_group(pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+        kill_group(pid, sig)
 
     async def stop_all(self) -> None:
-        """Stop every engine (``llmgw up`` exiting)."""
-        for engine in list(self.engines.values()):
+        """Stop every engine (``llmgw up`` exiting), and wait for stops already under way."""
+        fresh = [e for e in self.engines.values() if not e.stopping]
+        for engine in fresh:
             engine.stopping = True
-        await asyncio.gather(*(self._stop(e) for e in list(self.engines.values())), return_exceptions=True)
+        # Stops under way (apply's, adoption's) are tasks in _detached: waited for too.
+        await asyncio.gather(*(self._stop(e) for e in fresh), *list(self._detached), return_exceptions=True)
 
     async def close(self) -> None:
+        """Stop watching (engines keep running: the state file lists them) and close."""
         for engine in self.engines.values():
             if engine.task is not None:
                 engine.task.cancel()
+        for task in list(self._detached):
+            task.cancel()
         await self._http.aclose()
+
+
+def served_name_problem(response: httpx.Response, served_name: str) -> str | None:
+    """None if an OpenAI ``/v1/models`` answer lists ``served_name`` among its ids, else a
+    :class:`_WrongModel` saying what it serves instead (docs/architecture.md, "Decisions":
+    readiness proves identity)."""
+    try:
+        data = response.json().get("data")
+        ids = [str(item.get("id")) for item in data if isinstance(item, dict)]
+    except (ValueError, AttributeError, TypeError):
+        return _WrongModel("its /v1/models answer is not a model list")
+    if served_name in ids:
+        return None
+    return _WrongModel(f"the engine serves {ids}, not {served_name!r} (check the profile's served-name option)")
+
+
+#: Starts that find their port taken, each on another port, before the start fails.
+PORT_TRIES = 3
+#: What an adopted engine's report says when the first assign after a restart omits it.
+ORPHAN_STOPPED = "stopped after the agent's restart: not assigned"
+#: Probe problems meaning nothing accepted the connection (no need to ask who listens).
+CONNECT_PROBLEMS = frozenset({"no port", "ConnectError", "connect timeout"})
+_NO_PROC_SAID = False
+
+
+class _WrongModel(str):
+    """A readiness answer naming other models than the replica's served name."""
 
 
 class _EngineFailed(RuntimeError):

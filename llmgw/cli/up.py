@@ -2,8 +2,12 @@
 
 Migrates, seeds the demo catalog (``gemma-3-270m`` on llama-cpp-python, CPU, min 1),
 registers a local agent, then runs web (uvicorn), worker (``llmgw worker``) and agent as child
-processes with prefixed logs. Ctrl-C (or SIGTERM) stops all three; the agent is started
-with ``--stop-engines-on-exit`` so the engines stop too.
+processes with prefixed logs. ``up`` supervises them (docs/architecture.md, "Decisions":
+restarts keep engines serving): an agent that dies is restarted with a backoff and adopts
+its engines, which keep serving; web or worker dying stops the rest, as a crash a user must
+see. Ctrl-C (or SIGTERM) stops all three; the agent is started with
+``--stop-engines-on-exit`` so the engines stop too, and whatever engine its state file still
+lists afterwards (an agent killed, or too slow) is stopped by ``up`` itself.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from catalog.models import ClusterSettings, Model, Profile
+from fleet.agent.engines import AgentConfig
+from fleet.agent.processes import group_gone, kill_group, process_alive, read_state
 from fleet.models import Agent
 from gateway.models import ApiKey
 from llmgw import tokens
@@ -138,22 +144,69 @@ def ensure_admin(stdout) -> tuple[str, str | None]:
 
 
 class Group:
-    """Child processes whose output is prefixed and relayed; stopped together."""
+    """Child processes whose output is prefixed and relayed; the agent restarted when it
+    dies (:meth:`supervise`); stopped together."""
 
-    def __init__(self, stdout) -> None:
+    #: Children restarted when they exit: the agent (its engines keep serving and are
+    #: adopted by the new one). Web or worker exiting stops ``up``: a crash to see.
+    RESTARTED = ("agent",)
+    #: Restart backoff in seconds: the first restart after RESTART_MIN_S, doubling up to
+    #: RESTART_MAX_S while the child keeps dying within STABLE_S of its start.
+    RESTART_MIN_S = 1.0
+    RESTART_MAX_S = 30.0
+    STABLE_S = 60.0
+
+    def __init__(self, stdout, engines_state_file: Path | None = None) -> None:
         self.stdout = stdout
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.lock = threading.Lock()
+        #: The agent's state file: the engines ``stop`` makes sure are gone.
+        self.engines_state_file = engines_state_file
+        self._recipes: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self._started_at: dict[str, float] = {}
+        self._delay_s: dict[str, float] = {}
+        self._restart_at: dict[str, float] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         """Start ``argv`` in a process group of its own: a terminal's Ctrl-C reaches only
         ``up``, which stops the children in order, and whatever a child leaves behind
-        (qcluster's worker processes) can be killed with its group."""
+        (qcluster's worker processes) can be killed with its group. A child of that name
+        already there (exited) is replaced."""
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 cwd=str(settings.BASE_DIR), text=True, bufsize=1, start_new_session=True)
-        self.children.append((name, proc))
+        self._recipes[name] = (argv, env)
+        self._started_at[name] = time.monotonic()
+        names = [n for n, _ in self.children]
+        if name in names:
+            self.children[names.index(name)] = (name, proc)
+        else:
+            self.children.append((name, proc))
         threading.Thread(target=self._relay, args=(name, proc), daemon=True).start()
         return proc
+
+    def supervise(self, stderr) -> tuple[str, int] | None:
+        """Restart a RESTARTED child that exited, after its backoff (said on ``stderr``);
+        returns ``(name, exit code)`` of the first other child that exited, else None. Called
+        from ``up``'s main loop, every half second."""
+        now = time.monotonic()
+        for name, proc in list(self.children):
+            code = proc.poll()
+            if code is None:
+                continue
+            if name not in self.RESTARTED:
+                return name, code
+            if name not in self._restart_at:
+                quick = now - self._started_at.get(name, now) < self.STABLE_S
+                delay = min(self._delay_s.get(name, 0.0) * 2, self.RESTART_MAX_S) if quick else 0.0
+                delay = max(delay, self.RESTART_MIN_S)
+                self._delay_s[name], self._restart_at[name] = delay, now + delay
+                say(stderr, f"llmgw up: {name} exited with code {code}; restarting it in {delay:.0f} s "
+                            "(its engines keep serving; the new agent adopts them)\n")
+            elif now >= self._restart_at[name]:
+                del self._restart_at[name]
+                self.start(name, *self._recipes[name])
+                say(stderr, f"llmgw up: {name} restarted\n")
+        return None
 
     def _relay(self, name: str, proc: subprocess.Popen) -> None:
         """Copy a child's output, prefixed. Keeps reading even when our own output is gone
@@ -164,8 +217,9 @@ class Group:
                 say(self.stdout, f"[{name:<6}] {line.rstrip()}\n")
 
     def first_exited(self) -> tuple[str, int] | None:
+        """The first child that exited and is not restarted (:meth:`supervise`), with its code."""
         for name, proc in self.children:
-            if proc.poll() is not None:
+            if name not in self.RESTARTED and proc.poll() is not None:
                 return name, proc.returncode
         return None
 
@@ -192,6 +246,27 @@ class Group:
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+        self.stop_engines_left()
+
+    def stop_engines_left(self, grace_s: float = 10.0) -> None:
+        """Stop every engine the agent's state file still lists (an agent killed before it
+        stopped them, or one that took too long): SIGTERM to each group, SIGKILL after
+        ``grace_s``. ``up`` exiting stops its engines, whatever happened to its agent."""
+        if self.engines_state_file is None:
+            return
+        left = [(r["pid"], r.get("start_time")) for r in read_state(self.engines_state_file)
+                if process_alive(r["pid"], r.get("start_time"))]
+        if not left:
+            return
+        say(self.stdout, f"llmgw up: stopping {len(left)} engine(s) the agent left running\n")
+        for pid, _ in left:
+            kill_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(not group_gone(pid, start) for pid, start in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid, start in left:
+            if not group_gone(pid, start):
+                kill_group(pid, signal.SIGKILL)
 
 
 def ensure_demo_key() -> str:
@@ -335,7 +410,7 @@ def run(options, stdout, stderr) -> int:
     env["LLMGW_DATA_DIR"] = str(settings.DATA_DIR)
     env["PYTHONUNBUFFERED"] = "1"
     manage = str(Path(settings.BASE_DIR) / "manage.py")
-    group = Group(stdout)
+    group = Group(stdout, engines_state_file=AgentConfig(state_dir=Path(settings.DATA_DIR) / "agent").state_file)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -383,6 +458,7 @@ def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, e
         waiter.start()
         while waiter.is_alive() and not stopping.is_set():
             waiter.join(0.5)
+            group.supervise(stderr)  # an agent dying while the model loads is restarted too
         outcome = result.get("outcome", "timeout")
     if not stopping.is_set():
         banner = [
@@ -407,7 +483,7 @@ def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, e
         stdout.write("\n".join(banner) + "\n")
         stdout.flush()
     while not stopping.is_set():
-        exited = group.first_exited()
+        exited = group.supervise(stderr)
         if exited:
             stderr.write(f"llmgw up: {exited[0]} exited with code {exited[1]}; stopping the rest\n")
             code = 1

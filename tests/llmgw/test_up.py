@@ -233,3 +233,117 @@ def test_preset_profiles_of_an_older_database_start_engines_with_a_key_and_custo
     assert {p.pk: (p.command, p.env) for p in Profile.objects.filter(pk__in=before)} == before
     assert demo.protects_engine and copy.protects_engine and sglang.protects_engine
     assert not Profile.objects.get(pk=custom.pk).protects_engine
+
+
+# -- issue 14: `up` supervises its agent; `up` exiting stops its engines ------------------------
+
+CREATE_FAKE_MODEL = """
+from catalog.models import Model
+from tests.cluster import fake_profile
+model = Model(name="steady", weights="file:/dev/null", profile=fake_profile("fake-cpu"), min_replicas=1,
+              max_replicas=1)
+model.full_clean()
+model.save()
+"""
+
+
+def agent_pids(data_dir) -> list[int]:
+    """Pids of the `llmgw agent` processes among those of ``data_dir``."""
+    found = []
+    for pid in processes_with(data_dir):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"llmgw" in argv and b"agent" in argv:
+            found.append(pid)
+    return found
+
+
+def engine_records(data_dir) -> list[dict]:
+    from fleet.agent.processes import read_state
+
+    return read_state(data_dir / "agent" / "engines.json")
+
+
+def test_up_restarts_a_killed_agent_whose_engine_keeps_serving_and_stops_it_on_exit(tmp_path):
+    import httpx
+
+    from fleet.agent.processes import process_alive
+
+    env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
+           "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "",
+           "LLMGW_RECONCILE_INTERVAL": "0.5s", "LLMGW_AGENT_LOST_AFTER": "60s"}
+    for argv in (["migrate", "-v0"], ["shell", "-c", CREATE_FAKE_MODEL]):
+        done = subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], tmp_path / "up.log",
+              env=env)
+    engine = None
+    try:
+        wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
+                   what="the banner")
+        assert up.proc.poll() is None, up.log()[-3000:]
+
+        def serving():
+            records = [r for r in engine_records(tmp_path) if not r.get("stopping")]
+            if "ready on port" not in up.log() or not records:
+                return None
+            return records[0]
+
+        engine = wait_until(serving, timeout_s=90, interval_s=0.3, what="the engine to serve")
+        pid, start = engine["pid"], engine.get("start_time")
+        url = f"http://{engine['host']}:{engine['port']}/v1/models"
+        headers = {"Authorization": f"Bearer {engine['spec']['api_key']}"}
+        [agent] = agent_pids(tmp_path)
+        os.kill(agent, signal.SIGKILL)
+
+        new_agent = wait_until(lambda: [p for p in agent_pids(tmp_path) if p != agent], timeout_s=60,
+                               interval_s=0.3, what="a new agent")
+        assert "llmgw up: agent exited with code -9; restarting it" in up.log()
+        wait_until(lambda: "adopted engine of replica" in up.log(), timeout_s=60, interval_s=0.3,
+                   what="the new agent to adopt the engine")
+        assert up.proc.poll() is None and len(new_agent) == 1
+        assert process_alive(pid, start)  # the same engine process, still serving
+        assert httpx.get(url, headers=headers, timeout=10).status_code == 200
+        assert [r["pid"] for r in engine_records(tmp_path)] == [pid]
+
+        up.proc.send_signal(signal.SIGTERM)
+        up.proc.wait(timeout=60)
+        assert not process_alive(pid, start), up.log()[-3000:]  # `up` exiting stops its engines
+        wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
+    finally:
+        up.stop(timeout_s=60)
+        for pid_left in processes_with(tmp_path):
+            os.kill(pid_left, signal.SIGKILL)
+        if engine is not None and process_alive(engine["pid"], engine.get("start_time")):
+            os.killpg(engine["pid"], signal.SIGKILL)
+    assert "Traceback" not in up.log(), up.log()[-5000:]
+
+
+def test_up_stops_the_engines_its_agent_left_running(tmp_path):
+    """An agent killed (or too slow to stop) leaves engines that its state file lists: `up`
+    exiting stops them itself — one that ignores SIGTERM is killed after the grace."""
+    import io
+
+    from fleet.agent.processes import process_alive, process_start_time, write_state
+    from llmgw.cli.up import Group
+    from tests.processes import fake_engine
+
+    engines = [fake_engine(free_port(), tmp_path), fake_engine(free_port(), tmp_path, "--term-delay-s", "60")]
+    try:
+        for proc in engines:  # running: their start time is known
+            wait_until(lambda: process_start_time(proc.pid), what="the engine process")
+        state = tmp_path / "engines.json"
+        write_state(state, [{"pid": p.pid, "start_time": process_start_time(p.pid), "replica_id": i, "spec": {},
+                             "stopping": False} for i, p in enumerate(engines)])
+        starts = [process_start_time(p.pid) for p in engines]
+        out = io.StringIO()
+        Group(out, engines_state_file=state).stop_engines_left(grace_s=1.0)
+        assert "stopping 2 engine(s) the agent left running" in out.getvalue()
+        assert not any(process_alive(p.pid, s) for p, s in zip(engines, starts))
+    finally:
+        for proc in engines:
+            proc.stop(signal.SIGKILL)

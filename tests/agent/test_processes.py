@@ -1,0 +1,60 @@
+"""Engine processes by pid and start time, and the agent's state file (fleet.agent.processes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fleet.agent.engines import AgentConfig, EngineManager
+from fleet.agent.processes import (group_gone, process_alive, process_start_time, read_state, write_state)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def sleeper() -> subprocess.Popen:
+    """A process leading a group of its own, as an engine does."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_a_process_is_named_by_pid_and_start_time_and_its_group_is_gone_only_when_empty():
+    proc = sleeper()
+    try:
+        start = process_start_time(proc.pid)
+        assert process_alive(proc.pid, start) and not group_gone(proc.pid, start)
+        assert not process_alive(proc.pid, "1")  # the same pid with another start: another process
+        assert group_gone(proc.pid, "1")  # ...so the group recorded is long gone
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not process_alive(proc.pid, start) and group_gone(proc.pid, start)
+
+
+def test_the_state_file_is_private_and_lists_records_and_an_older_agents_file_is_read(tmp_path):
+    path = tmp_path / "engines.json"
+    record = {"pid": 4711, "start_time": "99", "replica_id": 3, "host": "127.0.0.1", "port": 20002,
+              "spec": {"replica_id": 3, "api_key": "k"}, "started_at": 1.5, "stopping": True}
+    write_state(path, [record, {"pid": "bad", "spec": {}}])
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_state(path) == [record]  # a record without an integer pid is left out
+    # Version 1 (agents before issue 14): the engines held, by replica id; none stopping.
+    path.write_text(json.dumps({"7": {"pid": 42, "start_time": "5", "port": 20001, "spec": {"replica_id": 7}}}))
+    assert read_state(path) == [{"pid": 42, "start_time": "5", "port": 20001, "spec": {"replica_id": 7},
+                                 "replica_id": 7, "stopping": False}]
+    path.write_text("not json")
+    assert read_state(path) == [] and read_state(tmp_path / "missing.json") == []
+
+
+async def test_a_port_an_engine_being_stopped_still_holds_is_not_picked(tmp_path):
+    config = AgentConfig(state_dir=tmp_path / "agent", port_min=21600, port_max=21699)
+    manager = EngineManager(config, on_change=lambda: None)
+    try:
+        first = manager._pick_port("127.0.0.1")
+        manager.spawned[4711] = {"pid": 4711, "replica_id": 9, "port": first, "stopping": True}
+        assert manager._pick_port("127.0.0.1") not in (first, None)
+        assert manager._pick_port("127.0.0.1", avoid=[first + 1]) not in (first, first + 1)
+    finally:
+        await manager.close()
