@@ -205,6 +205,10 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
                 needs_pass = True
             if target == S.FAILED and error:
                 fields["error"] = error
+            elif target == S.STOPPED and error:
+                # The agent's words for a stop it made on its own (an engine it found running
+                # after its restart that it was not assigned): kept beside the planner's reason.
+                fields["reason"] = (f"{replica.reason}; {error}" if replica.reason else error)[-4000:]
             elif target == S.FAILED and not error:
                 fields["error"] = "engine stopped unexpectedly"
             if target is not None and target != replica.state:

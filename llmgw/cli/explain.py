@@ -49,4 +49,6 @@ def run(options, stdout, stderr) -> int:
         stdout.write(f"  replica {r['id']:>5} on {r['agent']:<16} {r['state']:<11} "
                      + (f"[{r['note']}] " if r.get("note") else "") + r["reason"]
                      + (f" — {r['error']}" if r["error"] else "") + "\n")
+    for r in info.get("recently_stopped", []):
+        stdout.write(f"  stopped {r['id']:>5} on {r['agent']:<16} {r['stopped_at']}: {r['reason']}\n")
     return 0

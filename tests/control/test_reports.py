@@ -277,3 +277,26 @@ def test_heartbeat_loads_are_read_leniently_and_a_bare_heartbeat_has_none():
     loads = [[7, 2, 3], [8, None, 1.0], [9, -1, "x"], ["x", 1, 1], [True, 1, 1], [10, 1]]
     assert reports.heartbeat_loads({"type": "heartbeat", "v": 1, "loads": loads}) == {
         7: (2, 3), 8: (None, 1), 9: (None, None)}
+
+
+@pytest.mark.django_db
+def test_an_engine_the_agent_stopped_after_its_restart_says_so_in_explain(make_model):
+    """An agent killed while it stopped an engine finishes that stop when it comes back
+    (fleet/agent/engines.py, adopt) and says why; the row keeps the planner's reason and the
+    agent's words, and explain lists it among the recently stopped (issue 14: orphan-stopped
+    replicas in words)."""
+    from fleet.ops.explain import explain_model
+    from tests.cli import llmgw
+
+    m = make_model("chat")
+    a = agent()
+    r = rows.replica(m, a, state="stopping", reason="surplus: 2 running, 1 wanted")
+    why = "stopped after the agent's restart: not assigned"
+    reports.record_replicas(a.pk, [{"replica_id": r.pk, "state": "stopped", "error": why}])
+    r.refresh_from_db()
+    assert r.state == "stopped" and r.reason == f"surplus: 2 running, 1 wanted; {why}"
+    info = explain_model(m)
+    assert [s["id"] for s in info["recently_stopped"]] == [r.pk] and why in info["recently_stopped"][0]["reason"]
+    assert all(x["id"] != r.pk for x in info["replicas"])
+    code, out, _ = llmgw("explain", "chat")
+    assert code == 0 and f"stopped {r.pk:>5} on cpu-1" in out and why in out
