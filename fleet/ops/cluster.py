@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Count
 from django.utils import timezone
@@ -42,6 +42,9 @@ from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, AgentQuerySet, ModelState, Replica
 from fleet.states import HOLDS_RESOURCES, NOT_STOPPED, ReplicaState, moved_when_agent_lost
+
+#: How far back ``explain`` and the dashboard list stopped replicas, each with why it stopped.
+RECENTLY_STOPPED = timedelta(minutes=15)
 
 #: The reason shown for a model no reconcile pass has looked at yet.
 NOT_LOOKED_AT = "not looked at by a reconcile pass yet"

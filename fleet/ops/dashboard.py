@@ -116,6 +116,18 @@ class ModelRow:
 
 
 @dataclass(frozen=True)
+class StopRow:
+    """A replica stopped lately: when, which, and why in words (the planner's reason; for an
+    engine its agent stopped on its own after a restart, the agent's words too)."""
+
+    at: datetime
+    replica_id: int
+    model: str
+    agent: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class EventRow:
     at: datetime
     model: str
@@ -140,6 +152,8 @@ class Dashboard:
     events: tuple[EventRow, ...]
     generated_at: datetime
     counts: dict[str, int] = field(default_factory=dict)
+    #: Replicas stopped within ``fleet.ops.cluster.RECENTLY_STOPPED``, newest first, with why.
+    stops: tuple["StopRow", ...] = ()
 
 
 def percent(used: float, total: float) -> int:
@@ -251,9 +265,14 @@ def load(now: datetime | None = None) -> Dashboard:
         for e in ScalingEvent.objects.select_related("model")[:RECENT_EVENTS]
     )
     counts = {phase: n for phase in PHASES if (n := sum(1 for row in models if row.phase == phase))}
+    stops = tuple(
+        StopRow(r.state_changed_at, r.pk, r.shown_model_name, r.agent.name, r.reason)
+        for r in Replica.objects.in_states([S.STOPPED]).filter(state_changed_at__gte=at.now - read.RECENTLY_STOPPED)
+        .select_related("model", "agent").order_by("-state_changed_at")[:RECENT_EVENTS]
+    )
     return Dashboard(
         stopped=cluster.stopped, stopped_at=cluster.stopped_at, stopped_by=cluster.stopped_by,
         running=sum(len(v) for v in by_agent.values()), agents=agents, models=tuple(models), events=events,
-        generated_at=at.now, counts=counts,
+        generated_at=at.now, counts=counts, stops=stops,
     )
 

@@ -5,8 +5,6 @@ Plain data for ``llmgw explain``, the REST API and the dashboard.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.utils import timezone
 
 from catalog.models import Benchmark, ClusterSettings, Model
@@ -14,10 +12,6 @@ from catalog.schedules import active_window, describe
 from fleet.models import ModelState, ScalingEvent
 from fleet.ops import cluster as read
 from fleet.states import ReplicaState
-
-
-#: How far back ``explain`` lists stopped replicas and why they stopped.
-RECENTLY_STOPPED = timedelta(minutes=15)
 
 
 def _ago(when):
@@ -44,7 +38,7 @@ def explain_model(model: Model) -> dict:
     bench = Benchmark.objects.filter(model=model, profile_id=model.profile_id).first()
     events = list(ScalingEvent.objects.filter(model=model)[:5])
     failed = [r for r in replicas if shown[r.pk] == ReplicaState.FAILED]
-    stopped_since = timezone.now() - RECENTLY_STOPPED
+    stopped_since = timezone.now() - read.RECENTLY_STOPPED
     stopped = [r for r in replicas if shown[r.pk] == ReplicaState.STOPPED and r.state_changed_at >= stopped_since]
     return {
         "model": model.name,
@@ -76,7 +70,7 @@ def explain_model(model: Model) -> dict:
              "note": read.replica_note(r, hashes)}
             for r in replicas if shown[r.pk] != ReplicaState.STOPPED
         ],
-        # Stopped within RECENTLY_STOPPED, with why: the planner's reason and, for an engine
+        # Stopped within read.RECENTLY_STOPPED, with why: the planner's reason and, for an engine
         # its agent stopped on its own after a restart, the agent's words.
         "recently_stopped": [
             {"id": r.pk, "agent": r.agent.name, "stopped_at": r.state_changed_at.isoformat(), "reason": r.reason}

@@ -347,3 +347,22 @@ def test_a_busy_cluster_in_chromium_cordon_and_live_refresh(browser, live_server
     assert browser.execute_script("return window.stillTheSamePage === true")
     assert int(browser.find_element(By.ID, "dashboard-live").get_attribute("data-swaps")) >= 1
     save_screenshot(browser, "dashboard-busy-cordoned.png")
+
+
+@pytest.mark.django_db
+def test_the_dashboard_lists_replicas_stopped_lately_with_why(admin_client, make_model):
+    """Issue 14: an engine its agent stopped on its own after a restart is shown in words; a
+    stop older than fleet.ops.cluster.RECENTLY_STOPPED is not listed."""
+    from fleet.ops.cluster import RECENTLY_STOPPED
+    from tests import rows
+
+    m = make_model("chat")
+    a = rows.agent("gpu-7")
+    why = "surplus: 2 running, 1 wanted; stopped after the agent's restart: not assigned"
+    lately = rows.replica(m, a, state="stopped", reason=why)
+    old = rows.replica(m, a, state="stopped", reason="an old stop")
+    Replica.objects.filter(pk=old.pk).update(state_changed_at=timezone.now() - RECENTLY_STOPPED - timedelta(seconds=5))
+    d = dashboard.load()
+    assert [(s.replica_id, s.agent, s.reason) for s in d.stops] == [(lately.pk, "gpu-7", why)]
+    fragment = admin_client.get("/admin/dashboard/live/").content.decode()
+    assert f"r{lately.pk}" in fragment and "not assigned" in fragment and "an old stop" not in fragment
