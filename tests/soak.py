@@ -8,8 +8,9 @@ engines. A driver seeded with ``random.Random(seed)`` applies random operations 
 ``duration_s``, each logged with its time: catalog edits through the ORM (create, edit and
 delete models and profiles; min/max/on-demand), ``llmgw stop``/``start``, kill -9 or restart
 an agent (preferring one with a replica draining or stopping), kill -9 a worker or a web
-process (brought back), occupy an engine port from outside, load bursts and silences through
-the gateway, clients that disconnect mid-stream.
+process (brought back), occupy an engine port from outside, kill -9 an engine (half the time
+taking its port at once), load bursts and silences through the gateway, clients that
+disconnect mid-stream.
 
 Every ``CHECK_INTERVAL_S`` a checker reads the OS (tests/soak_os.py) and fails an invariant:
 
@@ -286,7 +287,7 @@ class Soak(InvariantChecks):
     # -- the driver ------------------------------------------------------------------------
     OPERATIONS = (("create_model", 3), ("edit_model", 5), ("delete_model", 2), ("create_profile", 1),
                   ("edit_profile", 3), ("delete_profile", 1), ("stop_start", 1), ("kill_agent", 2),
-                  ("restart_agent", 1), ("kill_worker", 1), ("kill_web", 1), ("occupy_port", 2), ("load", 3))
+                  ("restart_agent", 1), ("kill_worker", 1), ("kill_web", 1), ("occupy_port", 2), ("crash_engine", 1), ("load", 3))
 
     def drive(self) -> None:
         names, weights = zip(*self.OPERATIONS)
@@ -501,9 +502,11 @@ class Soak(InvariantChecks):
             return
         stopping = set(Replica.objects.filter(state__in=["draining", "stopping"], agent__name__in=up)
                        .values_list("agent__name", flat=True))
-        name = self.rng.choice(sorted(stopping)) if stopping and self.rng.random() < 0.7 else self.rng.choice(up)
+        # As many draws whatever the rows say, so a replay draws the same operations after it.
+        prefer, index, delay = self.rng.random() < 0.7, self.rng.random(), self.rng.uniform(0.5, 8.0)
+        pool = sorted(stopping) if stopping and prefer else up
+        name = pool[int(index * len(pool))]
         self.cluster.agent_down(name, signal.SIGKILL)
-        delay = self.rng.uniform(0.5, 8.0)
         self.op(f"kill -9 agent {name}" + (" (a replica of it draining/stopping)" if name in stopping else "")
                 + f"; back in {delay:.1f} s")
         self.later(delay, "agent", name)
@@ -554,6 +557,24 @@ class Soak(InvariantChecks):
         self.impostors[port] = (impostor, time.monotonic() + hold)
         self.op(f"occupy port {port} of agent {name} (the next one it would pick) for {hold:.1f} s")
 
+    def crash_engine(self) -> None:
+        """kill -9 a running engine; half the time an impostor takes its port at once."""
+        engines = engine_processes(self.log_dir, self.cluster.agent_dirs())
+        if not engines:
+            return
+        victim = self.rng.choice(sorted(engines, key=lambda e: e.pid))
+        steal, hold = self.rng.random() < 0.5, self.rng.uniform(3.0, 10.0)  # drawn whatever happens next
+        with contextlib.suppress(OSError):
+            os.killpg(victim.pgid, signal.SIGKILL)
+        self.op(f"kill -9 engine {victim.describe()}" + (", its port taken at once" if steal else ""))
+        if steal and victim.port:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and victim.port not in self.impostors:
+                try:
+                    self.impostors[victim.port] = (Impostor(victim.port), time.monotonic() + hold)
+                except OSError:
+                    time.sleep(0.01)
+
     def load(self) -> None:
         self.load_mode = self.rng.choice(["steady", "burst", "burst", "silence"])
         self.op(f"load: {self.load_mode}")
@@ -571,11 +592,13 @@ class Soak(InvariantChecks):
                     self.stop_all.wait(0.2)
                     continue
                 model = rng.choice(names) if rng.random() < 0.95 else "soak-no-such-model"
-                self.request(client, model, stream=rng.random() < 0.2, disconnect=rng.random() < 0.5)
+                if not self.request(client, model, stream=rng.random() < 0.2, disconnect=rng.random() < 0.5):
+                    self.stop_all.wait(0.2)  # no web process: do not spin
                 self.check_answers()
                 self.stop_all.wait(0.0 if mode == "burst" else rng.uniform(0.05, 0.5))
 
-    def request(self, client, model: str, stream: bool, disconnect: bool) -> None:
+    def request(self, client, model: str, stream: bool, disconnect: bool) -> bool:
+        """One chat request, recorded for :meth:`check_answers`; False if the connection failed."""
         import httpx
 
         body = {"model": model, "stream": stream, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -594,8 +617,9 @@ class Soak(InvariantChecks):
         except httpx.TimeoutException:
             answer.problem = f"no answer within {REQUEST_BOUND_S + 10:.0f} s"
         except httpx.HTTPError as exc:
-            answer.problem = f"{type(exc).__name__}: {exc}"
+            answer.problem, answer.transport_error = f"{type(exc).__name__}: {exc}", True
         answer.done = time.monotonic()
         with self.lock:
             self.answers.append(answer)
             self.result.requests += 1
+        return not answer.transport_error

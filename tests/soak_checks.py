@@ -45,6 +45,8 @@ class Answer:
     fingerprint: str = ""
     problem: str = ""
     disconnected: bool = False
+    #: The connection failed (refused, reset, cut mid-body), whatever status came first.
+    transport_error: bool = False
 
 
 class InvariantChecks:
@@ -81,12 +83,13 @@ class InvariantChecks:
         for a in answers:
             took = a.done - a.sent
             where = f"{a.sent - self.t0:.2f}s POST {a.model}"
-            if a.status is None:
+            if a.transport_error:
                 if any(down - 1.0 <= a.done and a.sent <= up for down, up in windows):
                     with self.lock:
                         self.result.excused += 1
                     continue
-                self.violate("answered", f"{where}: no HTTP answer after {took:.1f} s ({a.problem}) with every web process up")
+                got = "no HTTP answer" if a.status is None else f"HTTP {a.status} then a broken connection"
+                self.violate("answered", f"{where}: {got} after {took:.1f} s ({a.problem}) with every web process up")
                 continue
             if took > REQUEST_BOUND_S + 1.0:
                 self.violate("answered", f"{where}: HTTP {a.status} after {took:.1f} s (bound {REQUEST_BOUND_S:.0f} s)")
