@@ -97,7 +97,7 @@ class InvariantChecks:
                 self.violate("answered", f"{where}: HTTP {a.status}, not a documented status ({a.problem or 'body ok'})")
             elif a.problem:
                 self.violate("answered", f"{where}: {a.problem}")
-            if a.status == 200 and not a.disconnected:
+            if a.status == 200 and not a.disconnected and not a.problem:
                 self.check_routing(a, where)
 
     def check_routing(self, a: Answer, where: str) -> None:
