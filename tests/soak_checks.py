@@ -62,7 +62,11 @@ class InvariantChecks:
                 for line in raw.splitlines():
                     if line.startswith(b"data: {"):
                         return json.loads(line[6:]).get("system_fingerprint") or "", ""
-                return "", "a 200 stream with no data event"
+                try:  # not a stream: whoever answered may still say who it is
+                    fingerprint = json.loads(raw).get("system_fingerprint") or ""
+                except (ValueError, AttributeError):
+                    fingerprint = ""
+                return fingerprint, "a 200 stream with no data event"
             try:
                 data = json.loads(raw)
             except ValueError:
@@ -93,6 +97,9 @@ class InvariantChecks:
                 continue
             if took > REQUEST_BOUND_S + 1.0:
                 self.violate("answered", f"{where}: HTTP {a.status} after {took:.1f} s (bound {REQUEST_BOUND_S:.0f} s)")
+            if a.status == 200 and not a.disconnected and a.fingerprint and not a.fingerprint.startswith("fake-engine-pid-"):
+                self.check_routing(a, where)  # an impostor's answer: its shape is not the point
+                continue
             if a.status != 200 and a.status not in DOCUMENTED_ERRORS:
                 self.violate("answered", f"{where}: HTTP {a.status}, not a documented status ({a.problem or 'body ok'})")
             elif a.problem:

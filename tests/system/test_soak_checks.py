@@ -113,3 +113,13 @@ def test_answers_need_a_documented_status_in_openais_error_shape():
     assert "without OpenAI's error shape" in InvariantChecks._body_check(502, b"Bad Gateway", False)[1]
     assert InvariantChecks._body_check(200, b'{"choices": [{}], "system_fingerprint": "fake-engine-pid-3"}',
                                        False) == ("fake-engine-pid-3", "")
+
+
+def test_an_impostors_answer_is_one_routing_violation_not_also_a_shape_one():
+    checks = Stub()
+    checks.answers, checks.web_down = [], []
+    checks.result = type("R", (), {"excused": 0})()
+    fingerprint, problem = InvariantChecks._body_check(200, b'{"choices": [], "system_fingerprint": "impostor-pid-9"}', True)
+    checks.answers = [Answer(0, 0.1, "m", 200, replica="1@cpu", fingerprint=fingerprint, problem=problem)]
+    checks.check_answers()
+    assert len(checks.violations) == 1 and checks.violations[0].startswith("[routing]"), checks.violations
