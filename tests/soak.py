@@ -242,6 +242,8 @@ class Soak(InvariantChecks):
         try:
             self.cluster = SoakCluster(self.log_dir, tokens, self.config.webs, self.config.workers)
             self.op(f"cluster up: {self.config.webs} web, {self.config.workers} worker, agents {AGENTS}")
+            self.create_profile(0)
+            self.create_profile(1)  # simulated GPUs in use from the start
             for _ in range(3):
                 self.create_model()
             threads = [threading.Thread(target=self._guard(self.check_loop), daemon=True, name="soak-check")]
@@ -355,7 +357,7 @@ class Soak(InvariantChecks):
 
         if Profile.objects.filter(name__startswith="soak-p-").count() >= 5:
             return None
-        gpus = self.rng.choice([0, 0, 1]) if gpus is None else gpus
+        gpus = self.rng.choice([0, 1]) if gpus is None else gpus
         mib = self.rng.choice([8192, 12288, 20480]) if gpus else 0
         tokens = self.rng.choice([4, 8, 16])
         profile = Profile(name=self._name("p"), engine=Profile.Engine.CUSTOM, command=self._command(tokens),
