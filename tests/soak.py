@@ -306,7 +306,13 @@ class Soak(InvariantChecks):
 
     def settle(self) -> None:
         """Operations over: every process back, ports freed, cluster started, load stopped."""
+        deadline = time.monotonic() + 120
         self.bring_back(due_only=False)
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(1.0)
+            self.bring_back(due_only=False)
+        for what, arg in [(w, a) for _, w, a in self.pending]:
+            self.violate("harness", f"{what} {arg} could not be brought back within 120 s")
         for port in list(self.impostors):
             self.impostors.pop(port)[0].close()
             self.op(f"port {port} freed")
@@ -327,16 +333,21 @@ class Soak(InvariantChecks):
             if due_only and due > now:
                 keep.append((due, what, arg))
                 continue
-            if what == "agent":
-                self.cluster.start_agent(arg)
-            elif what == "worker":
-                self.cluster.start_worker(arg)
-            elif what == "web":
-                self.cluster.start_web(arg)
-                with self.lock:
-                    for window in self.web_down:
-                        if window[1] == float("inf"):
-                            window[1] = time.monotonic() + 1.0
+            try:
+                if what == "agent":
+                    self.cluster.start_agent(arg)
+                elif what == "worker":
+                    self.cluster.start_worker(arg)
+                elif what == "web":
+                    self.cluster.start_web(arg)
+                    with self.lock:
+                        for window in self.web_down:
+                            if window[1] == float("inf"):
+                                window[1] = time.monotonic() + 1.0
+            except Exception as exc:  # tried again at the next step; the log says so
+                self.op(f"{what} {arg} did not come back ({type(exc).__name__}: {str(exc)[:160]}); trying again")
+                keep.append((time.monotonic() + 1.0, what, arg))
+                continue
             self.op(f"{what} {arg} back")
         self.pending = keep
         for port, (impostor, until) in list(self.impostors.items()):
