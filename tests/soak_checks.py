@@ -108,10 +108,13 @@ class InvariantChecks:
                 self.check_routing(a, where)
 
     def check_routing(self, a: Answer, where: str) -> None:
-        rid_text, _, agent = a.replica.partition("@")
+        """A 200's replica (X-Llmgw-Replica) against the process that answered it; each
+        (replica, process) pair is reported once."""
+        rid_text = a.replica.partition("@")[0]
+        once = (a.replica, a.fingerprint)
         if not a.fingerprint.startswith("fake-engine-pid-"):
             self.violate("routing", f"{where}: answered 200 by replica {a.replica or '(no X-Llmgw-Replica)'} "
-                                    f"from a process that is not a soak engine (system_fingerprint {a.fingerprint!r})")
+                                    f"from a process that is not a soak engine (system_fingerprint {a.fingerprint!r})", once=once)
             return
         pid = int(a.fingerprint.rsplit("-", 1)[1])
         key = self.pid_keys.get(pid)
@@ -119,7 +122,8 @@ class InvariantChecks:
             argv = cmdline(pid)
             key = argv[argv.index("--api-key") + 1] if "--api-key" in argv[:-1] else None
         if not rid_text.isdigit():
-            self.violate("routing", f"{where}: a 200 with no replica named (X-Llmgw-Replica {a.replica!r}), from pid {pid}")
+            self.violate("routing", f"{where}: a 200 with no replica named (X-Llmgw-Replica {a.replica!r}), from pid {pid}",
+                         once=once)
             return
         want = self.keys.get(int(rid_text)) or self._key_of(int(rid_text))
         if key is None or want is None:
@@ -127,7 +131,7 @@ class InvariantChecks:
         if key != want:
             owner = next((rid for rid, k in dict(self.keys).items() if k == key), None)
             self.violate("routing", f"{where}: X-Llmgw-Replica {a.replica} but the answer came from pid {pid}, the engine "
-                                    f"of {'replica ' + str(owner) if owner else 'no known replica'}")
+                                    f"of {'replica ' + str(owner) if owner else 'no known replica'}", once=once)
 
     def _key_of(self, replica_id: int) -> str | None:
         from fleet.models import Replica
