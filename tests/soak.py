@@ -464,10 +464,13 @@ class Soak(InvariantChecks):
             return
         profile = self.rng.choice(profiles)
         change = self.rng.choice(["tokens", "gpu_memory", "notes"])
+        # Always another value than now: an edit that shapes the engine really changes it.
+        tokens = self.rng.choice([t for t in (4, 8, 16, 24) if f"--tokens {t} " not in profile.command])
+        mib = self.rng.choice([m for m in (8192, 12288, 20480) if m != profile.gpu_memory_mib])
         if change == "tokens":
-            profile.command = self._command(self.rng.choice([4, 8, 16, 24]))
+            profile.command = self._command(tokens)
         elif change == "gpu_memory" and profile.gpus_needed:
-            profile.gpu_memory_mib = self.rng.choice([8192, 12288, 20480])
+            profile.gpu_memory_mib = mib
             profile.env = {GPU_MEMORY_ENV: str(profile.gpu_memory_mib)}
         else:
             change = "notes"
