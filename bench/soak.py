@@ -8,7 +8,7 @@ operations have run, each on a fresh catalog: by default one web process and one
 SQLite file in a temp dir; with ``--production`` two web processes and two workers on
 PostgreSQL + Redis (``--database-url``, default postgres://root@127.0.0.1:5432/llmgw_soak,
 created if absent and emptied first; ``--redis-url``, default redis://127.0.0.1:6379/14, with
-a key prefix and task queue of this run's own). Prints, per run and in all: operations
+a key prefix and task queue of this run's own, and one LLMGW_SECRET_KEY). Prints, per run and in all: operations
 applied, invariant checks, requests, violations (the goal: 0) and the convergence time
 (p50/max). A run with violations prints its report (seed, violations, operation log). Exit 0
 when every run had no violation and converged. Logs are in a temp dir, kept with --keep or
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,9 @@ def configure(tmp: Path, args: argparse.Namespace) -> None:
     create_database(args.database_url)
     os.environ["LLMGW_DATABASE_URL"] = args.database_url
     os.environ["LLMGW_REDIS_URL"] = args.redis_url
-    os.environ["LLMGW_REDIS_PREFIX"] = os.environ["LLMGW_Q_NAME"] = f"llmgw_soak_{os.getpid()}"
+    # Its own prefix (the task queue's name follows it) and one secret for every process.
+    os.environ["LLMGW_REDIS_PREFIX"] = f"llmgw_soak_{os.getpid()}"
+    os.environ.setdefault("LLMGW_SECRET_KEY", secrets.token_urlsafe(50))
 
 
 def create_database(url: str) -> None:

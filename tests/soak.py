@@ -55,7 +55,7 @@ from pathlib import Path
 
 from tests.cluster import FAKE_ENGINE
 from tests.multicluster import FAULT_ENV, MultiCluster
-from tests.processes import PYTHON, Proc
+from tests.processes import Proc
 from tests.soak_checks import (AGENTS, COLD_START_TIMEOUT_S, CONVERGE_BOUND_S, PORT_BASE, REQUEST_BOUND_S, Answer,
                                 InvariantChecks)
 from tests.soak_os import GPU_MEMORY_ENV, engine_processes, listeners
@@ -136,14 +136,12 @@ class SoakCluster(MultiCluster):
         a.proc.stop(sig, timeout_s=20)
 
     def kill_worker(self, i: int) -> None:
-        """kill -9 worker ``i`` and its task processes (its process group)."""
+        """kill -9 worker ``i`` and its task processes (its process group); ``start_worker(i)``
+        brings it back."""
         proc = self.workers[i]
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.stop(timeout_s=5)
-
-    def start_worker(self, i: int) -> None:
-        self.workers[i] = Proc([PYTHON, "manage.py", "qcluster"], self.log_dir / f"worker-{i}.log", env=self.worker_env)
 
     def agent_dirs(self) -> dict[Path, str]:
         return {a.state_dir: name for name, a in self.agents.items()}
