@@ -34,7 +34,8 @@ When the operations stop (every process back, the cluster started, the load stop
 cluster must **converge** within ``CONVERGE_BOUND_S``: each model's ``ModelState.desired``
 (between its min and max) replicas ready, none on the way up or down, each ready replica's
 engine running with the current spec (served name, ``--tokens`` of its profile's command,
-GPU count and memory; ``spec_hash`` where replica rows have one), and no other engine.
+GPU count and memory; a current ``spec_hash``, fleet.control.specs, where it exists), and no
+other engine.
 
 A failure's report starts with the seed and ends with the operation log; replay it with
 ``bench/soak.py --seed N`` (or ``SoakConfig(seed=N)``).
