@@ -23,6 +23,9 @@ started with (JSON) to PATH.
 For the agent's identity and restart tests: --term-delay-s S exits only S seconds after
 SIGTERM (an engine slow to stop; SIGKILL still ends it), --stay-on-bind-error keeps running,
 listening nowhere, when its port is taken (an engine that cannot bind and does not exit).
+
+For the soak (tests/soak.py): --echo-pid puts ``system_fingerprint: fake-engine-pid-PID``
+in completions (chunks too), naming the process that answered.
 """
 import argparse
 import asyncio
@@ -191,8 +194,11 @@ class Engine:
     def base(self, path, req, chunk=False):
         chat = path == "/v1/chat/completions"
         obj = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
-        return {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "object": obj,
-                "created": int(time.time()), "model": req.get("model") or self.args.served_name}
+        out = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "object": obj,
+               "created": int(time.time()), "model": req.get("model") or self.args.served_name}
+        if self.args.echo_pid:  # --echo-pid (the soak): which process answered
+            out["system_fingerprint"] = f"fake-engine-pid-{os.getpid()}"
+        return out
 
     @staticmethod
     def prompt_tokens(path, req):
@@ -386,6 +392,9 @@ def parse_args(argv=None):
     p.add_argument("--dump-env", default=None)
     p.add_argument("--term-delay-s", type=float, default=0.0)
     p.add_argument("--stay-on-bind-error", action="store_true")
+    # The soak (tests/soak.py): answers name the process that gave them.
+    p.add_argument("--echo-pid", action="store_true",
+                   help="completions carry system_fingerprint 'fake-engine-pid-PID' (default off)")
     return p.parse_args(argv)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fleet.agent.client import ClientOptions, run_agent
 from fleet.agent.engines import AgentConfig
+from fleet.agent.inventory import FAKE_GPUS_ENV, parse_fake_gpus
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -38,6 +39,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                              "are evicted (0 = no limit; env LLMGW_AGENT_CACHE_MAX_GIB)")
     parser.add_argument("--stop-engines-on-exit", action="store_true",
                         help="stop engines when the agent exits (llmgw up); by default they keep serving")
+    parser.add_argument("--fake-gpus", default=env(FAKE_GPUS_ENV, ""), metavar="COUNTxMIB",
+                        help="for tests and demos: report simulated GPUs instead of this machine's, e.g. 2x24576 "
+                             "(two of 24576 MiB); engines get CUDA_VISIBLE_DEVICES for them (env LLMGW_AGENT_FAKE_GPUS)")
     return parser
 
 
@@ -50,6 +54,16 @@ def main_from_args(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"llmgw agent: --port-range {args.port_range!r} is not LOW-HIGH", file=sys.stderr)
         return 2
+    fake_gpus = (getattr(args, "fake_gpus", "") or "").strip()
+    if fake_gpus:
+        try:
+            parse_fake_gpus(fake_gpus)
+        except ValueError as exc:
+            print(f"llmgw agent: --fake-gpus: {exc}", file=sys.stderr)
+            return 2
+        # read_inventory reads it (engines never see LLMGW_* variables).
+        os.environ[FAKE_GPUS_ENV] = fake_gpus
+        print(f"llmgw agent: reporting simulated GPUs {fake_gpus} (for tests and demos)", file=sys.stderr)
     # Engines listen on the advertised address only (docs/architecture.md, "Decisions": the
     # agent advertises its address; EngineManager.bind_host):
     # without --advertise-address, the address this agent reaches the control plane from,
