@@ -199,6 +199,8 @@ class Soak(InvariantChecks):
         self.load_mode = "steady"  # steady | burst | silence
         self.web_down: list[list[float]] = []  # [down_at, up_at or inf]
         self.impostors: dict[int, tuple[Impostor, float]] = {}
+        #: Engine key → when (monotonic) the soak killed that engine (crash_engine).
+        self.crashed_at: dict[str, float] = {}
         self.pending: list[tuple[float, str, object]] = []  # (due, what, arg): bring-backs
         self.cluster: SoakCluster | None = None
         # What the checker has learnt.
@@ -579,6 +581,7 @@ class Soak(InvariantChecks):
             return
         victim = self.rng.choice(sorted(engines, key=lambda e: e.pid))
         steal, hold = self.rng.random() < 0.5, self.rng.uniform(3.0, 10.0)  # drawn whatever happens next
+        self.crashed_at[victim.key] = time.monotonic()
         with contextlib.suppress(OSError):
             os.killpg(victim.pgid, signal.SIGKILL)
         self.op(f"kill -9 engine {victim.describe()}" + (", its port taken at once" if steal else ""))

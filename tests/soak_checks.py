@@ -19,6 +19,11 @@ DRAIN_GRACE_S, STOP_GRACE_S, LOST_AFTER_S = 2.0, 2.0, 5.0  # FAULT_ENV's and Mul
 #: An unwanted engine may run this long while its agent runs: drain + stop grace + 5 s.
 ORPHAN_GRACE_S = DRAIN_GRACE_S + STOP_GRACE_S + 5.0
 READY_GRACE_S = 3.0
+#: After an engine dies, a process that takes its port at once may answer requests sent
+#: this long after the death: the agent sees the exit at once (a pidfd), reports it, and the
+#: next routing refresh drops the replica (docs/architecture.md, "Decisions": readiness
+#: proves identity). Later than that is a routing violation.
+CRASH_WINDOW_S = 1.0
 COLD_START_TIMEOUT_S = 10
 #: Every request is answered within this: the cold-start hold + 20 s.
 REQUEST_BOUND_S = COLD_START_TIMEOUT_S + 20.0
@@ -51,7 +56,7 @@ class Answer:
 
 class InvariantChecks:
     """The checks of a soak; the Soak provides ``cluster``, ``log_dir``, ``lock``, ``t0``,
-    ``result``, ``answers``, ``web_down``, ``keys``, ``pid_keys``, ``unwanted_since``,
+    ``result``, ``answers``, ``web_down``, ``keys``, ``pid_keys``, ``crashed_at``, ``unwanted_since``,
     ``ready_wrong_since``, ``config``, ``stop_all``, ``violate()`` and ``op()``."""
 
     @staticmethod
@@ -113,6 +118,8 @@ class InvariantChecks:
         rid_text = a.replica.partition("@")[0]
         once = (a.replica, a.fingerprint)
         if not a.fingerprint.startswith("fake-engine-pid-"):
+            if self._sent_just_after_its_engine_died(a):
+                return
             self.violate("routing", f"{where}: answered 200 by replica {a.replica or '(no X-Llmgw-Replica)'} "
                                     f"from a process that is not a soak engine (system_fingerprint {a.fingerprint!r})", once=once)
             return
@@ -132,6 +139,14 @@ class InvariantChecks:
             owner = next((rid for rid, k in dict(self.keys).items() if k == key), None)
             self.violate("routing", f"{where}: X-Llmgw-Replica {a.replica} but the answer came from pid {pid}, the engine "
                                     f"of {'replica ' + str(owner) if owner else 'no known replica'}", once=once)
+
+    def _sent_just_after_its_engine_died(self, a: Answer) -> bool:
+        """``a`` was sent to a replica whose engine the soak killed at most CRASH_WINDOW_S
+        before (the window an impostor on its port is excused)."""
+        rid_text = a.replica.partition("@")[0]
+        key = self.keys.get(int(rid_text)) if rid_text.isdigit() else None
+        died = self.crashed_at.get(key) if key else None
+        return died is not None and 0 <= a.sent - died <= CRASH_WINDOW_S
 
     def _key_of(self, replica_id: int) -> str | None:
         from fleet.models import Replica

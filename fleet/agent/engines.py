@@ -41,7 +41,7 @@ from fleet.agent import sockets
 from fleet.agent.cache import WeightsCache
 from fleet.agent.metrics import read_load
 from fleet.agent.processes import (group_gone, kill_group, kill_leftovers, process_alive, process_start_time,
-                                   read_state, reap_children, write_state)
+                                   read_state, reap_children, wait_exit, write_state)
 from fleet.agent.weights import WeightsError, fetch_weights
 from fleet.protocol import AssignedReplica, ReplicaReport, port_free
 from fleet.states import ReplicaState
@@ -631,7 +631,10 @@ class EngineManager:
                 if (running, waiting) != (engine.running, engine.waiting):
                     engine.running, engine.waiting = running, waiting
                     self.on_change()
-            await asyncio.sleep(0.5)
+            if engine.pid is not None:
+                await wait_exit(engine.pid, 0.5)  # wakes the moment the engine exits
+            else:
+                await asyncio.sleep(0.5)
 
     async def _fail(self, engine: Engine, why: str) -> None:
         tail = engine.log_tail()

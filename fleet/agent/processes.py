@@ -21,6 +21,7 @@ Version 1 files (a dict by replica id, from older agents) are read too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -57,6 +58,35 @@ def process_alive(pid: int, start_time: str | None) -> bool:
             os.waitpid(pid, os.WNOHANG)
         return False
     return True
+
+
+async def wait_exit(pid: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``pid`` to exit; True as soon as it has (or is
+    gone already), False on timeout. Uses a pidfd (Linux 5.3+), which becomes readable the
+    moment the process exits, child or not (an adopted engine too), so the agent reports a
+    dead engine within milliseconds instead of at its next poll — the window in which a
+    process that takes the dead engine's port could be sent requests (docs/architecture.md,
+    "Decisions": readiness proves identity). Without pidfds it simply sleeps ``timeout_s``
+    and returns False; the caller's own liveness check then decides."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        await asyncio.sleep(timeout_s)
+        return False
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    try:
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(True))
+        try:
+            return await asyncio.wait_for(exited, timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
 
 
 def reap_children() -> None:

@@ -58,3 +58,29 @@ async def test_a_port_an_engine_being_stopped_still_holds_is_not_picked(tmp_path
         assert manager._pick_port("127.0.0.1", avoid=[first + 1]) not in (first, first + 1)
     finally:
         await manager.close()
+
+
+def test_wait_exit_wakes_when_the_process_exits_not_at_its_timeout():
+    """The agent's watch loop wakes on a pidfd (fleet.agent.processes.wait_exit), so a dead
+    engine is reported at once rather than at the next poll."""
+    import asyncio
+    import subprocess
+    import time
+
+    from fleet.agent.processes import wait_exit
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        assert asyncio.run(wait_exit(proc.pid, 0.2)) is False  # alive: the timeout
+        started = time.monotonic()
+
+        async def kill_then_wait():
+            asyncio.get_running_loop().call_later(0.1, proc.kill)
+            return await wait_exit(proc.pid, 120)
+
+        assert asyncio.run(kill_then_wait()) is True
+        assert time.monotonic() - started < 60  # woken by the exit, far before the 120 s timeout
+    finally:
+        proc.kill()
+        proc.wait()
+    assert asyncio.run(wait_exit(proc.pid, 5)) is True  # gone (reaped): at once

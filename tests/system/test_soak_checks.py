@@ -25,6 +25,7 @@ class Stub(InvariantChecks):
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.keys, self.pid_keys, self.unwanted_since, self.ready_wrong_since = {}, {}, {}, {}
+        self.crashed_at = {}
         self.cluster = type("C", (), {"up_since": {"gpu-a": 0.0, "gpu-b": 0.0, "cpu": 0.0}})()
 
     def violate(self, invariant: str, text: str, once: object = None) -> None:
@@ -106,6 +107,20 @@ def test_a_200_from_a_process_other_than_its_replicas_engine_is_a_routing_violat
     assert "answer came from pid 42, the engine of replica 2" in checks.violations[-1]
     checks.check_routing(Answer(0, 0, "m", 200, replica="1@gpu-a", fingerprint="impostor-pid-9-port-23100"), "t")
     assert "not a soak engine" in checks.violations[-1]
+
+
+def test_an_impostor_on_a_dead_engines_port_is_excused_only_within_the_crash_window():
+    from tests.soak_checks import CRASH_WINDOW_S
+
+    checks = Stub()
+    checks.keys = {1: "key-1"}
+    checks.crashed_at = {"key-1": 100.0}
+    impostor = "impostor-pid-9-port-23100"
+    checks.check_routing(Answer(100.0 + CRASH_WINDOW_S / 2, 101.0, "m", 200, replica="1@gpu-a", fingerprint=impostor), "t")
+    assert checks.violations == []  # sent before the agent could have told anyone
+    checks.check_routing(Answer(100.0 + CRASH_WINDOW_S + 0.5, 102.0, "m", 200, replica="1@gpu-a",
+                                fingerprint=impostor), "t")
+    assert len(checks.violations) == 1 and "not a soak engine" in checks.violations[0]
 
 
 def test_answers_need_a_documented_status_in_openais_error_shape():
