@@ -170,6 +170,26 @@ def _numeric_ipv4(name: str) -> bool:
     return True
 
 
+#: A log line that says what went wrong, as engines write them (Python exceptions, CUDA,
+#: llama.cpp's and uvicorn's own words).
+_TROUBLE = re.compile(r"error|exception|traceback|fatal|failed|out of memory|address already in use|"
+                      r"permission denied|no such file|not found|killed", re.IGNORECASE)
+
+
+def error_summary(error: str | None) -> str:
+    """One line for a replica's error: the agent's own words ("engine exited with code 1",
+    "port 20002 taken by pid 4711 (python3)") — the first line of the error, before the
+    engine's last log lines that the agent appends (``fleet.agent.engines.EngineManager._fail``)
+    — followed by the last of those log lines that names trouble ("RuntimeError: CUDA out of
+    memory"), when one does. An access-log line is never the summary. "" for no error."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0].rstrip(":;, ")
+    trouble = next((line for line in reversed(lines[1:]) if _TROUBLE.search(line) and not line.startswith("---")), "")
+    return f"{first}: {trouble}" if trouble and trouble not in first else first
+
+
 def port_free(host: str, port: int) -> bool:
     """Whether a TCP listener could bind ``host:port`` on this machine right now. ``host``
     is an IPv4 or IPv6 address (an IPv6 one unbracketed, a zone such as ``%eth0`` allowed)

@@ -223,6 +223,17 @@ class Engine:
             return False
         return process_alive(self.pid, self.start_time)
 
+    def exit_words(self) -> str:
+        """How it ended, for its error line: "engine exited with code 1", "engine killed by
+        signal 9", or, for an engine adopted after an agent restart (not our child, so its
+        status is not ours to read), "engine exited (adopted: exit status unknown)"."""
+        code = self.exit_code()
+        if code == "?":
+            return "engine exited (adopted: exit status unknown)"
+        if isinstance(code, int) and code < 0:
+            return f"engine killed by signal {-code}"
+        return f"engine exited with code {code}"
+
     def exit_code(self) -> int | str:
         """Its exit code, "?" when it was not our child (adopted after the agent restarted)."""
         return self.proc.returncode if self.proc is not None and self.proc.returncode is not None else "?"
@@ -528,7 +539,7 @@ class EngineManager:
                 holders = await self._holders(engine)
                 if holders is not None and holders.foreign:
                     return holders.taken_by(engine.port)
-                raise _EngineFailed(f"engine exited with code {engine.exit_code()} while starting")
+                raise _EngineFailed(f"{engine.exit_words()} while starting")
             problem = await self._probe(engine)
             answered = problem is None or isinstance(problem, _WrongModel)
             # Something accepted the connection: who? (at most once a second unless it is an
@@ -600,7 +611,7 @@ class EngineManager:
         unready: dict[str, float] = {}  # kind of failure -> since when (monotonic)
         while not engine.stopping:
             if not engine.alive():
-                await self._fail(engine, f"engine exited with code {engine.exit_code()}")
+                await self._fail(engine, engine.exit_words())
                 return
             if time.monotonic() >= next_check:
                 problem = await self._probe(engine)

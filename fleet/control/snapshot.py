@@ -16,6 +16,7 @@ from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, Gpu, ModelState, Replica, UsageReport
 from fleet.planning import planner
+from fleet.protocol import error_summary
 from fleet.planning.scaling import Load, ScalingPolicy
 from fleet.states import HOLDS_RESOURCES, ReplicaState
 
@@ -116,8 +117,10 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         if p is not None:
             profile = planner.ProfileView(p.id, p.gpus_needed, p.gpu_memory_mib, p.cpu_cores, p.memory_mib)
         state = states.get(m.id)
-        fails = failures.get(m.id, [])
         hashes[m.id] = spec_hash(m, p)
+        # Backoff is per spec (R9, R10): the failures of an edit that a later edit replaced
+        # do not hold back the next spec's first try. Rows from before spec hashes ("") count.
+        fails = [f for f in failures.get(m.id, []) if not f.spec_hash or f.spec_hash == hashes[m.id]]
         models.append(
             planner.ModelView(
                 id=m.id, name=m.name, profile=profile, min_replicas=m.min_replicas,
@@ -134,7 +137,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 load=loads.get(m.id),
                 measured_per_replica=measured.get((m.id, m.profile_id)),
                 failures=tuple(f.state_changed_at for f in fails[-10:]),
-                last_error=(fails[-1].error.strip().splitlines() or [""])[-1][:300] if fails else "",
+                last_error=error_summary(fails[-1].error)[:300] if fails else "",
                 spec_hash=hashes[m.id],
             )
         )

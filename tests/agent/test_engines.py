@@ -77,5 +77,21 @@ async def test_a_ready_engine_killed_is_failed_with_its_exit(manager, tmp_path):
     await wait_state(manager, 1, S.READY)
     os.kill(manager.engines[1].pid, signal.SIGKILL)
     await wait_state(manager, 1, S.FAILED)
-    assert manager.engines[1].error.startswith("engine exited with code -9")
+    assert manager.engines[1].error.startswith("engine killed by signal 9")
     assert "fake engine listening on" in manager.engines[1].error
+
+
+def test_an_errors_summary_is_the_agents_words_and_the_log_line_that_names_the_trouble():
+    """The crash-loop answer, the planner's reason and explain's error column show one line:
+    never an access-log line (fleet.protocol.error_summary)."""
+    from fleet.protocol import error_summary
+
+    access_log = ("engine killed by signal 9\n--- last log lines ---\n"
+                  'INFO: 127.0.0.1:42656 - "GET /v1/models HTTP/1.1" 200 OK\nllama_perf_context_print: load time')
+    assert error_summary(access_log) == "engine killed by signal 9"
+    crash = ("engine exited with code 1 while starting\n--- last log lines ---\nloading weights\n"
+             "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nexiting")
+    assert error_summary(crash) == ("engine exited with code 1 while starting: "
+                                    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert error_summary("") == "" and error_summary(None) == ""
+    assert error_summary("port 20002 taken by pid 4711 (python3)") == "port 20002 taken by pid 4711 (python3)"

@@ -43,6 +43,28 @@ def test_a_replica_ready_for_the_reset_period_ends_the_crash_loop(make_model, se
     assert [round((now - f).total_seconds()) for f in failures] == [120, 20]
 
 
+def test_an_edit_that_fixes_a_crash_looping_spec_starts_without_its_backoff(make_model):
+    """Backoff is per spec: the failures of a bad edit do not hold back the edit that fixes
+    it (a model below its min would otherwise wait out up to LLMGW_BACKOFF_CAP)."""
+    from fleet.control.snapshot import load_snapshot
+    from fleet.control.specs import spec_hash
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1)
+    now = timezone.now()
+    bad = spec_hash(m, m.profile)
+    for seconds_ago in (30, 20, 10):
+        replica(m, a, state="failed", state_changed_at=now - timedelta(seconds=seconds_ago), spec_hash=bad,
+                error="engine exited with code 2\n--- last log lines ---\nerror: unrecognized arguments: --bogus")
+    view = next(v for v in load_snapshot(now).models if v.id == m.id)
+    assert len(view.failures) == 3 and view.last_error == ("engine exited with code 2: "
+                                                            "error: unrecognized arguments: --bogus")
+    m.profile.command += " --fixed"
+    m.profile.save()
+    view = next(v for v in load_snapshot(now).models if v.id == m.id)
+    assert view.failures == () and view.last_error == ""
+
+
 # --- spec hashes and deleted models (docs/architecture.md, R10; deletes drain) ---------------
 
 def test_each_model_carries_its_current_spec_hash_and_each_replica_whether_it_is_outdated(make_model):

@@ -211,7 +211,8 @@ def test_a_refresh_carries_a_crash_loop_with_its_last_error_line_and_next_try(ma
     view, _ = _load_view([])
     failures = view.status[m.pk].failures
     assert failures.count == 3 and failures.last_at == last
-    assert failures.last_error == "RuntimeError: CUDA out of memory"
+    # The agent's words, then the log line that names the trouble (fleet.protocol.error_summary).
+    assert failures.last_error == "engine exited with code 1 while starting; last lines: RuntimeError: CUDA out of memory"
     assert failures.retry_at == last + timedelta(seconds=20)  # 5 · 2^(3-1)
     assert other.pk not in view.status
     # A replica that stayed ready for LLMGW_BACKOFF_RESET_AFTER before failing starts the loop over.
