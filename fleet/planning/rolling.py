@@ -6,6 +6,8 @@ an outdated spec, and the drain of replicas whose model was deleted. Kept apart 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fleet.planning.data import ModelOutcome, ModelView, Move, MoveCause, ReplicaView
 from fleet.states import COMING_UP, RELEASING, ReplicaState
 
@@ -117,6 +119,8 @@ class TransitionRules:
             _, agent_id, gpus = fits[0]
             outcome.reason = self._place_at(m, agent_id, gpus,
                                             lambda where: f"replacing {name}: surge starting on {where}")
+            # The row keeps why it was placed, in words that stay true once the roll is over.
+            self.plan.actions[-1] = replace(self.plan.actions[-1], reason=f"placed to replace {name} (a surge)")
             return True
         if m.failures:
             outcome.reason = (f"{len(old)} outdated replica(s) still serving: no room for a surge, and the current "
