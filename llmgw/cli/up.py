@@ -12,6 +12,8 @@ lists afterwards (an agent killed, or too slow) is stopped by ``up`` itself.
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import ipaddress
 import json
 import math
@@ -143,6 +145,55 @@ def ensure_admin(stdout) -> tuple[str, str | None]:
     return "admin", None
 
 
+def _prctl():
+    """libc's ``prctl``, looked up once here, never in a forked child (a dlopen between fork and
+    exec can deadlock on a lock another thread held); None where there is none (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent_pid: int):
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when ``up`` dies, however
+    it dies (``kill -9`` included): the children run in sessions of their own, so nothing else
+    would tell them, and a web, worker and agent left without ``up`` would go on serving with
+    no one to stop them. The agent, started with ``--stop-engines-on-exit``, stops its engines
+    on that SIGTERM. A child whose parent died before it was armed exits at once."""
+
+    def arm() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return arm
+
+
+def hold_data_dir(data_dir: Path) -> tuple[int | None, str]:
+    """Take the data directory for this ``up`` (an exclusive ``flock`` on ``up.lock`` in
+    it, which the children inherit, so it is held until the last of them is gone). Returns
+    (the lock's file descriptor, "") or (None, why not: the pid of the ``up`` holding it). Two
+    ``up`` on one data directory would run two agents named ``local`` adopting each other's
+    engines."""
+    path = Path(data_dir) / "up.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        return None, (f"another llmgw up (pid {holder}) is running on the data directory {data_dir}; stop it "
+                      "first (Ctrl-C, or kill -TERM that pid), or give this one its own LLMGW_DATA_DIR")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, ""
+
+
 class Group:
     """Child processes whose output is prefixed and relayed; the agent restarted when it
     dies (:meth:`supervise`); stopped together."""
@@ -166,6 +217,9 @@ class Group:
         self._started_at: dict[str, float] = {}
         self._delay_s: dict[str, float] = {}
         self._restart_at: dict[str, float] = {}
+        #: File descriptors every child inherits: the data directory's lock (:func:`hold_data_dir`),
+        #: so it stays taken until the last child is gone.
+        self.pass_fds: tuple[int, ...] = ()
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         """Start ``argv`` in a process group of its own: a terminal's Ctrl-C reaches only
@@ -173,7 +227,8 @@ class Group:
         (qcluster's worker processes) can be killed with its group. A child of that name
         already there (exited) is replaced."""
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(settings.BASE_DIR), text=True, bufsize=1, start_new_session=True)
+                                cwd=str(settings.BASE_DIR), text=True, bufsize=1, start_new_session=True,
+                                preexec_fn=_die_with(os.getpid()), pass_fds=self.pass_fds)
         self._recipes[name] = (argv, env)
         self._started_at[name] = time.monotonic()
         names = [n for n, _ in self.children]
@@ -390,6 +445,10 @@ def run(options, stdout, stderr) -> int:
     exposure = check_exposure(options["host"], stdout, stderr)
     if exposure:
         return exposure
+    lock_fd, why = hold_data_dir(Path(settings.DATA_DIR))
+    if lock_fd is None:
+        stderr.write(f"llmgw up: {why}\n")
+        return 1
     if not can_listen(options["host"], options["port"]):
         stderr.write(f"llmgw up: {options['host']}:{options['port']} is already in use "
                      "(another llmgw up?); choose another with --port\n")
@@ -411,6 +470,7 @@ def run(options, stdout, stderr) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     manage = str(Path(settings.BASE_DIR) / "manage.py")
     group = Group(stdout, engines_state_file=AgentConfig(state_dir=Path(settings.DATA_DIR) / "agent").state_file)
+    group.pass_fds = (lock_fd,)
     stopping = threading.Event()
 
     def on_signal(signum, frame):

@@ -347,3 +347,47 @@ def test_up_stops_the_engines_its_agent_left_running(tmp_path):
     finally:
         for proc in engines:
             proc.stop(signal.SIGKILL)
+
+
+def test_up_killed_takes_its_children_and_engines_with_it_and_one_data_dir_has_one_up(tmp_path):
+    """kill -9 of `up` (its children run in sessions of their own) must not leave web, worker,
+    agent and engines serving with no one to stop them: the kernel tells each child (a parent
+    death signal) and the agent stops its engines. While one `up` runs, a second on the same
+    data directory refuses to start (two agents named local would adopt each other's engines)."""
+    from fleet.agent.processes import process_alive
+
+    env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
+           "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "",
+           "LLMGW_RECONCILE_INTERVAL": "0.5s", "LLMGW_AGENT_LOST_AFTER": "60s"}
+    for argv in (["migrate", "-v0"], ["shell", "-c", CREATE_FAKE_MODEL]):
+        done = subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], tmp_path / "up.log",
+              env=env)
+    engine = None
+    try:
+        wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
+                   what="the banner")
+        assert up.proc.poll() is None, up.log()[-3000:]
+        engine = wait_until(lambda: "ready on port" in up.log() and next(iter(engine_records(tmp_path)), None),
+                            timeout_s=90, interval_s=0.3, what="the engine to serve")
+
+        second = subprocess.run([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())],
+                                cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert f"another llmgw up (pid {up.proc.pid}) is running on the data directory" in second.stderr
+
+        children = [p for p in processes_with(tmp_path) if p != up.proc.pid]
+        assert children
+        up.proc.kill()
+        up.proc.wait(timeout=30)
+        wait_until(lambda: not processes_with(tmp_path), timeout_s=90, interval_s=0.5,
+                   what="every child of the killed up to be gone")
+        assert not process_alive(engine["pid"], engine.get("start_time"))
+    finally:
+        up.stop(timeout_s=60)
+        for pid_left in processes_with(tmp_path):
+            os.kill(pid_left, signal.SIGKILL)
+        if engine is not None and process_alive(engine["pid"], engine.get("start_time")):
+            os.killpg(engine["pid"], signal.SIGKILL)
