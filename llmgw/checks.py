@@ -20,6 +20,13 @@ def llmgw_settings(app_configs, **kwargs):
         problems.append(Warning(
             "LLMGW_AGENT_ROUTE_GRACE is longer than LLMGW_AGENT_LOST_AFTER: replicas of a silent agent would stay "
             "routable after they are declared lost.", id="llmgw.W001"))
+    if settings.LLMGW_AGENT_ROUTE_GRACE_S < 2 * settings.LLMGW_HEARTBEAT_INTERVAL_S:
+        problems.append(Warning(
+            f"LLMGW_AGENT_ROUTE_GRACE ({settings.LLMGW_AGENT_ROUTE_GRACE_S:g} s) is shorter than two agent heartbeats "
+            f"(LLMGW_HEARTBEAT_INTERVAL, {settings.LLMGW_HEARTBEAT_INTERVAL_S:g} s): the replicas of a healthy agent "
+            "would drop out of routing between its heartbeats and requests get 503 'agent silent'.",
+            hint="Raise LLMGW_AGENT_ROUTE_GRACE, or set LLMGW_HEARTBEAT_INTERVAL to the agents' --heartbeat-s if "
+                 "they heartbeat faster.", id="llmgw.W003"))
     if settings.LLMGW_LEADER_LEASE_S < 2 * settings.LLMGW_LEADER_RENEW_S:
         problems.append(Error(
             "LLMGW_LEADER_LEASE must be at least twice LLMGW_LEADER_RENEW, or one slow renewal hands the lease "

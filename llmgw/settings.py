@@ -257,6 +257,8 @@ LOGGING = {
 LLMGW_RECONCILE_INTERVAL_S = env_duration_s("RECONCILE_INTERVAL", 3.0)
 LLMGW_WATCH_INTERVAL_S = env_duration_s("WATCH_INTERVAL", 0.2)
 LLMGW_WATCH_FAST_INTERVAL_S = env_duration_s("WATCH_FAST_INTERVAL", 0.05)
+#: How often the agents heartbeat (their ``--heartbeat-s`` / ``LLMGW_AGENT_HEARTBEAT_S``, 5 s
+#: by default): the route grace must leave room for two (llmgw.W003).
 LLMGW_HEARTBEAT_INTERVAL_S = env_duration_s("HEARTBEAT_INTERVAL", 5.0)
 LLMGW_AGENT_LOST_AFTER_S = env_duration_s("AGENT_LOST_AFTER", 20.0)
 #: The pass lock expires this long after its holder last extended it (a third of it, while

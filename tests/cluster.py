@@ -19,6 +19,8 @@ FAST_ENV = {
     "LLMGW_DRAIN_GRACE": "3s",
     "LLMGW_BACKOFF_BASE": "0.5s",
     "LLMGW_AGENT_LOST_AFTER": "5s",
+    # The agents here heartbeat every 0.5 s or faster (llmgw.W003 compares the route grace).
+    "LLMGW_HEARTBEAT_INTERVAL": "0.5s",
     "Q_WORKERS": "2",
     # These clusters test placement and serving; API keys are tested in test_gateway_keys.
     "LLMGW_GATEWAY_AUTH": "false",

@@ -105,3 +105,14 @@ def test_the_metrics_token_comes_from_the_environment_or_the_data_directory_unle
     assert shown["metrics_token"] == ""
     shown = json.loads(run_fresh(tmp_path, SHOW, python=True, extra_env={"LLMGW_METRICS_TOKEN": "from-env"}).stdout.splitlines()[-1])
     assert shown["metrics_token"] == "from-env"
+
+
+def test_a_route_grace_shorter_than_two_agent_heartbeats_is_warned_about(settings):
+    """With the grace under two heartbeats a healthy agent's replicas would flicker out of
+    routing (503 'agent silent' between heartbeats); a system check names it (llmgw.W003)."""
+    from llmgw.checks import llmgw_settings
+
+    settings.LLMGW_HEARTBEAT_INTERVAL_S, settings.LLMGW_AGENT_ROUTE_GRACE_S = 5.0, 2.0
+    assert "llmgw.W003" in [p.id for p in llmgw_settings(None)]
+    settings.LLMGW_AGENT_ROUTE_GRACE_S = 12.0
+    assert "llmgw.W003" not in [p.id for p in llmgw_settings(None)]
