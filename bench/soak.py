@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--production", action="store_true", help="2 web + 2 workers on PostgreSQL + Redis")
     parser.add_argument("--database-url", default="postgres://root@127.0.0.1:5432/llmgw_soak")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--port-base", type=int, default=23100,
+                        help="first engine port (300 in all); another soak at once (CI's) needs another base")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)
 
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             duration = min(left_s, args.run_minutes * 60)
             call_command("flush", interactive=False, verbosity=0)
             config = SoakConfig(seed=seed, duration_s=duration, webs=2 if args.production else 1,
-                                workers=2 if args.production else 1)
+                                workers=2 if args.production else 1, port_base=args.port_base)
             started = time.monotonic()
             result = Soak(config, Path(tempfile.mkdtemp(prefix=f"run-{seed}-", dir=tmp))).run()
             connection.close()

@@ -75,6 +75,8 @@ class SoakConfig:
     workers: int = 1
     load_threads: int = 3
     converge_bound_s: float = CONVERGE_BOUND_S
+    #: The agents' engine ports start here (100 each): two soaks at once need bases 300 apart.
+    port_base: int = PORT_BASE
 
 
 @dataclass
@@ -115,14 +117,21 @@ class SoakResult:
 class SoakCluster(MultiCluster):
     """MultiCluster with the soak's agents: simulated GPUs and port ranges of their own."""
 
-    def __init__(self, log_dir: Path, tokens: dict[str, str], webs: int, workers: int) -> None:
+    def __init__(self, log_dir: Path, tokens: dict[str, str], webs: int, workers: int,
+                 port_base: int = PORT_BASE) -> None:
         self.up_since: dict[str, float | None] = {name: None for name in tokens}
+        self.port_base = port_base
         super().__init__(log_dir, tokens, webs=webs, workers=workers, env=SOAK_ENV)
+
+    def ports_of(self, name: str) -> range:
+        """The engine ports of agent ``name``: 100 of its own from ``port_base``."""
+        low = self.port_base + 100 * list(AGENTS).index(name)
+        return range(low, low + 100)
 
     def start_agent(self, name: str) -> Proc:
         a = self.agents[name]
-        low = PORT_BASE + 100 * list(AGENTS).index(name)
-        a.ports = f"{low}-{low + 99}"
+        ports = self.ports_of(name)
+        a.ports = f"{ports[0]}-{ports[-1]}"
         a.extra = ["--fake-gpus", AGENTS[name]] if AGENTS[name] else []
         proc = super().start_agent(name)
         self.up_since[name] = time.monotonic()
@@ -241,7 +250,8 @@ class Soak(InvariantChecks):
         tokens = {name: Agent.create_with_token(name)[1] for name in AGENTS}
         threads: list[threading.Thread] = []
         try:
-            self.cluster = SoakCluster(self.log_dir, tokens, self.config.webs, self.config.workers)
+            self.cluster = SoakCluster(self.log_dir, tokens, self.config.webs, self.config.workers,
+                                       self.config.port_base)
             self.op(f"cluster up: {self.config.webs} web, {self.config.workers} worker, agents {AGENTS}")
             self.create_profile(0)
             self.create_profile(1)  # simulated GPUs in use from the start
@@ -560,9 +570,9 @@ class Soak(InvariantChecks):
 
     def occupy_port(self) -> None:
         name = self.rng.choice(list(AGENTS))
-        low = PORT_BASE + 100 * list(AGENTS).index(name)
-        taken = listeners(set(range(low, low + 100)), [])
-        port = next((p for p in range(low, low + 100) if p not in taken and p not in self.impostors), None)
+        ports = self.cluster.ports_of(name)
+        taken = listeners(set(ports), [])
+        port = next((p for p in ports if p not in taken and p not in self.impostors), None)
         if port is None:
             return
         try:
