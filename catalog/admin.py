@@ -121,6 +121,15 @@ class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return super().has_add_permission(request) and engine_code.allowed(request.user)
 
+    def get_deleted_objects(self, objs, request):
+        """Django's delete confirmation, with what still needs a profile beyond foreign keys
+        (replicas that may still run, ``Profile.in_use_by``) listed as protected: the page
+        says why it cannot be deleted instead of failing when the delete is tried."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        protected = list(protected) + [f"{type(o)._meta.verbose_name}: {o} (may still run)"
+                                       for profile in objs for o in profile.in_use_by()]
+        return deleted, counts, perms_needed, protected
+
 
 class SecretKeyField(forms.CharField):
     """A write-only secret: a password input that never renders the stored value, where

@@ -12,7 +12,9 @@ import zoneinfo
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import ProtectedError, Q
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 
 from catalog import schedules
 from catalog.presets import PLACEHOLDERS, PRESETS, template_fields, uses_api_key
@@ -96,8 +98,28 @@ class Profile(models.Model):
              "Can change engine commands, environment and pypi:/file: weights (runs code on every agent)"),
         ]
 
+    #: Callables ``(profile) -> list of objects`` that still need a profile although no
+    #: foreign key protects it — ``fleet`` registers its replicas that may still run (their
+    #: stopped rows let go of it). Deleting a profile is refused while any returns something
+    #: (:func:`_refuse_delete_in_use`), the admin lists them as protected.
+    in_use_checks: list = []
+
     def __str__(self) -> str:
         return self.name
+
+    def delete(self, *args, **kwargs):
+        """Refused with ProtectedError while :meth:`in_use_by` names something — checked
+        here, before Django's delete opens its transaction, so a refusal leaves the caller's
+        transaction usable (the pre_delete check behind it covers queryset deletes)."""
+        in_use = self.in_use_by()
+        if in_use:
+            raise ProtectedError(f"Profile {self} is used by replicas that may still run", set(in_use))
+        return super().delete(*args, **kwargs)
+
+    def in_use_by(self) -> list:
+        """What :attr:`in_use_checks` say still needs this profile (empty: free to delete,
+        as far as they know; models using it are protected by their own foreign key)."""
+        return [obj for check in self.in_use_checks for obj in check(self)]
 
     @property
     def protects_engine(self) -> bool:
@@ -150,6 +172,16 @@ class Profile(models.Model):
         values = dict(PRESETS[preset])
         values["env"] = dict(values.get("env") or {})  # never share the preset's dict
         return cls(name=name or preset, **values)
+
+
+
+@receiver(pre_delete, sender=Profile, dispatch_uid="catalog-profile-in-use")
+def _refuse_delete_in_use(sender, instance: Profile, **kwargs) -> None:
+    """Deleting a profile that replicas may still run with raises ProtectedError (the REST
+    API answers 409 naming them, the admin lists them): their engines were started from it."""
+    in_use = instance.in_use_by()
+    if in_use:
+        raise ProtectedError(f"Profile {instance} is used by replicas that may still run", set(in_use))
 
 
 class Model(models.Model):

@@ -227,7 +227,9 @@ class Replica(models.Model):
     #: ``fleet.control.specs.spec_hash`` of what it was started from; "" = unknown (a row from
     #: before hashes), treated as current (docs/architecture.md, R10).
     spec_hash = models.CharField(max_length=64, blank=True, default="")
-    profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
+    #: None once its profile was deleted, which only a stopped replica allows
+    #: (``catalog.models.Profile.in_use_checks``): history does not pin a profile.
+    profile = models.ForeignKey(Profile, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="replicas")
     gpu_indices = models.JSONField(default=list, blank=True)
     cpu_cores = models.FloatField(default=0)
@@ -567,3 +569,12 @@ class ApiToken(models.Model):
         ApiToken.objects.filter(pk=self.pk).filter(
             models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=cutoff)).update(last_used_at=now)
         self.last_used_at = now
+
+
+def _live_replicas_of(profile: Profile) -> list[Replica]:
+    """Replicas started from ``profile`` whose engine may still run (``LIVE``): deleting the
+    profile is refused while there are any (``catalog.models.Profile.in_use_checks``)."""
+    return list(Replica.objects.filter(profile=profile).live().select_related("model", "agent")[:20])
+
+
+Profile.in_use_checks.append(_live_replicas_of)

@@ -522,3 +522,27 @@ def test_deleting_a_model_over_rest_keeps_its_running_replica_to_drain(staff, wo
     assert (replica.model_id, replica.state) == (None, "ready")
     shown = staff.get(f"/api/replicas/{replica.pk}/").json()
     assert (shown["model"], shown["model_name"], shown["outdated"]) == (None, "lazy (deleted)", False)
+
+
+@pytest.mark.django_db
+def test_a_profile_is_pinned_by_replicas_that_may_still_run_not_by_their_history(staff, admin_client, make_model):
+    """A profile whose models are gone can be deleted once its replicas have stopped (their
+    rows keep their history, without it); while one may still run, REST answers 409 naming it
+    and the admin's confirmation lists it as protected (catalog.models.Profile.in_use_checks)."""
+    from catalog.models import Profile
+
+    m = make_model("gone")
+    profile = m.profile
+    a = Agent.objects.create(name="cpu-9", connected=True, last_seen_at=timezone.now(), cpu_cores=4, memory_mib=8192)
+    done = Replica.objects.create(model=m, profile=profile, agent=a, state="stopped")
+    running = Replica.objects.create(model=m, profile=profile, agent=a, state="draining", port=20001)
+    m.delete()  # the model's replicas drain (deletes drain); the profile is left
+    answer = staff.delete(f"/api/profiles/{profile.pk}/")
+    assert answer.status_code == 409 and f"r{running.pk}" in answer.json()["detail"], answer.content
+    page = admin_client.get(f"/admin/catalog/profile/{profile.pk}/delete/").content.decode()
+    assert "may still run" in page and f"r{running.pk}" in page
+    Replica.objects.filter(pk=running.pk).update(state="stopped")
+    assert staff.delete(f"/api/profiles/{profile.pk}/").status_code == 204
+    assert not Profile.objects.filter(pk=profile.pk).exists()
+    done.refresh_from_db()
+    assert done.profile is None and done.state == "stopped"
