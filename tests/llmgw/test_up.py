@@ -267,11 +267,10 @@ def engine_records(data_dir) -> list[dict]:
     return read_state(data_dir / "agent" / "engines.json")
 
 
-def test_up_restarts_a_killed_agent_whose_engine_keeps_serving_and_stops_it_on_exit(tmp_path):
-    import httpx
-
-    from fleet.agent.processes import process_alive
-
+def start_up_with_a_fake_model(tmp_path) -> tuple[dict[str, str], Proc]:
+    """`llmgw up --no-demo` on a data directory in ``tmp_path`` whose catalog holds one fake
+    engine model (CREATE_FAKE_MODEL); returns its environment and the `up` process, once its
+    banner is out."""
     env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
            "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "",
            "LLMGW_RECONCILE_INTERVAL": "0.5s", "LLMGW_AGENT_LOST_AFTER": "60s"}
@@ -281,11 +280,24 @@ def test_up_restarts_a_killed_agent_whose_engine_keeps_serving_and_stops_it_on_e
         assert done.returncode == 0, done.stderr
     up = Proc([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], tmp_path / "up.log",
               env=env)
-    engine = None
     try:
         wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
                    what="the banner")
         assert up.proc.poll() is None, up.log()[-3000:]
+    except BaseException:
+        up.stop(timeout_s=60)
+        raise
+    return env, up
+
+
+def test_up_restarts_a_killed_agent_whose_engine_keeps_serving_and_stops_it_on_exit(tmp_path):
+    import httpx
+
+    from fleet.agent.processes import process_alive
+
+    env, up = start_up_with_a_fake_model(tmp_path)
+    engine = None
+    try:
 
         def serving():
             records = [r for r in engine_records(tmp_path) if not r.get("stopping")]
@@ -356,20 +368,9 @@ def test_up_killed_takes_its_children_and_engines_with_it_and_one_data_dir_has_o
     data directory refuses to start (two agents named local would adopt each other's engines)."""
     from fleet.agent.processes import process_alive
 
-    env = {"DJANGO_SETTINGS_MODULE": "llmgw.settings", "LLMGW_DATA_DIR": str(tmp_path),
-           "LLMGW_SQLITE_PATH": str(tmp_path / "llmgw.sqlite3"), "LLMGW_DATABASE_URL": "", "LLMGW_REDIS_URL": "",
-           "LLMGW_RECONCILE_INTERVAL": "0.5s", "LLMGW_AGENT_LOST_AFTER": "60s"}
-    for argv in (["migrate", "-v0"], ["shell", "-c", CREATE_FAKE_MODEL]):
-        done = subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--no-demo", "--port", str(free_port())], tmp_path / "up.log",
-              env=env)
+    env, up = start_up_with_a_fake_model(tmp_path)
     engine = None
     try:
-        wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
-                   what="the banner")
-        assert up.proc.poll() is None, up.log()[-3000:]
         engine = wait_until(lambda: "ready on port" in up.log() and next(iter(engine_records(tmp_path)), None),
                             timeout_s=90, interval_s=0.3, what="the engine to serve")
 
