@@ -42,6 +42,7 @@ from catalog.models import ClusterSettings
 from fleet.control import planes
 from fleet.control.usage import record_report
 from fleet.models import Agent, ControlPlane, ModelState, Replica, engine_url
+from fleet.planning.planner import backoff_wait_s
 from fleet.protocol import error_summary
 from fleet.states import COMING_UP, ReplicaState
 from llmgw.process_name import process_name, this_process
@@ -517,7 +518,7 @@ def _failures(now: datetime) -> dict[int, Failures]:
     for model_id, failed in by_model.items():
         n = len(failed)
         last_at, error = failed[-1]
-        wait_s = min(base_s * 2 ** (n - 1), cap_s)
+        wait_s = backoff_wait_s(n, base_s, cap_s)
         line = error_summary(error)
         out[model_id] = Failures(n, last_at, line[:300], last_at + timedelta(seconds=wait_s))
     return out

@@ -75,13 +75,19 @@ def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     return min(base + model.extra_replicas, max(ceiling, base))
 
 
+def backoff_wait_s(failures: int, base_s: float, cap_s: float) -> float:
+    """The wait after the ``failures``-th consecutive failure: ``base · 2^(n-1)`` seconds,
+    capped at ``cap_s`` (0 for none; docs/architecture.md, R9). The gateway's watcher tells
+    held requests the next try from the same rule (``fleet.live.watch``)."""
+    return min(base_s * 2 ** (failures - 1), cap_s) if failures > 0 else 0.0
+
+
 def backoff_remaining_s(model: ModelView, policy: Policy, now: datetime) -> float:
     """Seconds before a model with recently failed replicas may be placed again:
-    ``base · 2^(n-1)`` after the n-th consecutive failure, capped (docs/architecture.md, R9)."""
+    :func:`backoff_wait_s` after its last failure (docs/architecture.md, R9)."""
     if not model.failures:
         return 0.0
-    n = len(model.failures)
-    wait = min(policy.backoff_base_s * 2 ** (n - 1), policy.backoff_cap_s)
+    wait = backoff_wait_s(len(model.failures), policy.backoff_base_s, policy.backoff_cap_s)
     elapsed = (now - model.failures[-1]).total_seconds()
     return max(0.0, wait - elapsed)
 
