@@ -131,6 +131,7 @@ def cluster_status() -> dict:
             "name": agent.name, "connected": at.agent_alive(agent), "cordoned": agent.cordoned,
             "address": agent.address,
             "last_seen_at": agent.last_seen_at.isoformat() if agent.last_seen_at else None,
+            "connected_since": agent.connected_since.isoformat() if agent.connected and agent.connected_since else None,
             "gpus_total": len(gpus), "gpus_used": len(used.get(agent.pk, set())),
             "cpu_cores": agent.cpu_cores, "memory_mib": agent.memory_mib,
         })

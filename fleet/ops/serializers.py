@@ -100,6 +100,8 @@ class AgentStatusSerializer(serializers.Serializer):
     cordoned = serializers.BooleanField()
     address = serializers.CharField()
     last_seen_at = serializers.DateTimeField(allow_null=True)
+    connected_since = serializers.DateTimeField(
+        allow_null=True, help_text="When its current websocket connected: a recent time after a restart or a cut.")
     gpus_total = serializers.IntegerField()
     gpus_used = serializers.IntegerField()
     cpu_cores = serializers.IntegerField()

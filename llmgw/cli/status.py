@@ -1,5 +1,7 @@
 """``llmgw status``: the cluster at a glance."""
 
+from datetime import datetime, timezone
+
 from fleet.ops.operations import cluster_status
 from llmgw.cli.output import OK, console, table, write_json
 
@@ -25,7 +27,7 @@ def run(options, stdout, stderr) -> int:
     out.print(table("control planes", ["host", "role", "pid", "lease", "last seen"],
                     [[c["host"], c["role"], c["pid"], _lease(c), c["last_seen_at"]] for c in status["control_planes"]]))
     out.print(table("agents", ["name", "connected", "GPUs used/total", "CPU cores", "RAM MiB", "address"],
-                    [[a["name"], "yes" if a["connected"] else "NO", f"{a['gpus_used']}/{a['gpus_total']}",
+                    [[a["name"], _connected(a), f"{a['gpus_used']}/{a['gpus_total']}",
                       a["cpu_cores"], a["memory_mib"], a["address"]] for a in status["agents"]]))
     out.print(table("models", ["model", "desired", "ready", "why"],
                     [[m["name"] + (" (external)" if m["external"] else " (on demand)" if m["on_demand"] else ""),
@@ -34,6 +36,26 @@ def run(options, stdout, stderr) -> int:
                     [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"])),
                       r["note"]] for r in status["replicas"]]))
     return OK
+
+
+def _connected(agent: dict) -> str:
+    """The table's "connected": NO, or yes with how long its connection has lasted, so an
+    agent that was restarted or cut off shows it ("yes, for 12 s")."""
+    if not agent["connected"]:
+        return "NO"
+    since = agent.get("connected_since")
+    if not since:
+        return "yes"
+    lasted_s = (datetime.now(timezone.utc) - datetime.fromisoformat(since)).total_seconds()
+    return f"yes, for {_duration(max(0.0, lasted_s))}"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as a person reads them: 12 s, 4 min, 3 h, 2 d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _lease(plane: dict) -> str:

@@ -92,6 +92,22 @@ def test_status_of_a_serving_cluster(fleet):
     assert len(data["replicas"]) == 2
 
 
+def test_status_says_how_long_each_agent_has_been_connected(fleet):
+    """An agent restarted (or cut off and back) shows it: its connection is young."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    agent, _, _ = fleet
+    Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() - timedelta(seconds=12.4))
+    data = json.loads(llmgw("status", "--json")[1])
+    assert data["agents"][0]["connected_since"] is not None
+    code, out, _ = llmgw("status")
+    assert code == 0 and "yes, for 12 s" in out
+    Agent.objects.filter(pk=agent.pk).update(connected_since=timezone.now() - timedelta(hours=3, minutes=5))
+    assert "yes, for 3 h" in llmgw("status")[1]
+
+
 def test_status_of_a_stopped_cluster(fleet):
     stop_cluster("night-shift")
     reconcile()
