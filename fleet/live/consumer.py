@@ -29,6 +29,7 @@ from fleet import protocol
 from fleet.groups import agent_group
 from fleet.control import reports
 from fleet.live.watch import heartbeats, watcher
+from fleet.states import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -247,11 +248,27 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             # Its loads are written with the stamps, batched (fleet.live.watch.HeartbeatStamps).
             heartbeats.stamp(self.agent_id, reports.heartbeat_loads(message))
         elif kind == "hello":
+            self._route_as_reported(message)
             await database_sync_to_async(reports.record_hello)(self.agent_id, message)
             await self.push_assign(force=True)
         elif kind == "status":
             heartbeats.stamp(self.agent_id)
+            self._route_as_reported(message)
             await database_sync_to_async(reports.record_status)(self.agent_id, message)
+
+    def _route_as_reported(self, message: dict) -> None:
+        """Before the report's rows are written: replicas it says are not ready leave this
+        process's routing table now (``Watcher.withdraw``), those it says are ready may come
+        back once their rows agree. Only this agent's replicas are withdrawn."""
+        not_ready, ready = [], []
+        for report in message.get("replicas") or []:
+            rid = report.get("replica_id") if isinstance(report, dict) else None
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                (ready if report.get("state") == ReplicaState.READY.value else not_ready).append(rid)
+        if not_ready:
+            watcher.withdraw(not_ready, self.agent_name)
+        if ready:
+            watcher.readmit(ready)
 
     async def push_assign(self, force: bool = False) -> None:
         """Send the full desired set if it moved since the last one sent (or if forced)."""

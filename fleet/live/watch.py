@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Protocol
 
@@ -129,6 +129,12 @@ class View:
     version: int = 0
     #: What :attr:`Watcher.extra_loaders` returned (merged), loaded in the same refresh.
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _without(view: View, replica_ids: set[int]) -> View:
+    """``view`` with the endpoints of ``replica_ids`` left out of its routes (a copy)."""
+    routes = {model_id: tuple(e for e in eps if e.replica_id not in replica_ids) for model_id, eps in view.routes.items()}
+    return replace(view, routes={k: v for k, v in routes.items() if v}, version=view.version + 1)
 
 
 @dataclass(frozen=True)
@@ -313,6 +319,10 @@ class Watcher:
         self._generations: dict[int, tuple[int, int]] = {}
         self._generations_key: tuple | None = None
         self._last_token_sweep = 0.0
+        #: Replicas an agent connected to this process reported not ready, taken out of
+        #: routing at once (:meth:`withdraw`) and kept out until a refresh agrees or the
+        #: agent reports them ready again (:meth:`readmit`).
+        self._withdrawn: set[int] = set()
         #: Blocking callables run in each refresh (same worker thread, after the routing
         #: queries); their dicts are merged into ``View.extra``. Other apps (the gateway's
         #: key and catalog cache) register here, so ``fleet`` imports nothing of theirs.
@@ -349,6 +359,30 @@ class Watcher:
         self.consumers.discard(consumer)
         if self.agents.get(consumer.agent_id) is consumer:
             del self.agents[consumer.agent_id]
+
+    # -- routes an agent withdrew ----------------------------------------------------------
+    def withdraw(self, replica_ids, agent_name: str) -> None:
+        """Take ``replica_ids`` — of ``agent_name``'s, the agent reporting; an agent cannot
+        withdraw another's — out of this process's routing table now, before their rows
+        say so: an agent reported their engines not ready (exited, failed, stopping). The
+        report's database write can wait behind other writers for seconds on a busy machine,
+        and meanwhile a process that took a dead engine's port would be sent its requests
+        (docs/architecture.md, "Decisions": readiness proves identity). Other web processes
+        learn it from the database at their next refresh."""
+        routed = {e.replica_id for eps in self.view.routes.values() for e in eps if e.agent_name == agent_name}
+        ids = ({int(i) for i in replica_ids} & routed) - self._withdrawn
+        if not ids:
+            return
+        self._withdrawn |= ids
+        self.view = _without(self.view, self._withdrawn)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def readmit(self, replica_ids) -> None:
+        """The agent reports ``replica_ids`` ready again: the next refresh routes them if
+        their rows agree."""
+        self._withdrawn -= {int(i) for i in replica_ids}
 
     # -- waiting ---------------------------------------------------------------------------
     async def wait_for_refresh(self, timeout_s: float) -> bool:
@@ -402,6 +436,11 @@ class Watcher:
             list(self.agents), self._generations_key, tuple(self.extra_loaders))
         view.started_at = started
         view.version = self.view.version + 1
+        if self._withdrawn:
+            # Kept out until a refresh no longer routes them (their rows caught up).
+            routed = {e.replica_id for eps in view.routes.values() for e in eps}
+            self._withdrawn &= routed
+            view = _without(view, self._withdrawn)
         self.view = view
         if generations.by_agent is not None or generations.key is None:
             self._generations = generations.by_agent or {}

@@ -623,3 +623,38 @@ async def test_a_bare_heartbeat_is_still_accepted_and_a_bad_load_is_answered(wat
     assert "'loads' must be a list" in (await receive_type(ws, "error"))["message"]
     assert await ws.receive_nothing(timeout=0.2)  # the bare one was not refused
     await ws.disconnect()
+
+
+async def test_a_replica_reported_failed_leaves_this_processs_routing_before_its_row_is_written(
+        watcher_cleanup, monkeypatch):
+    """The route goes with the report, not with the (maybe slow) database write: a process
+    that takes a dead engine's port gets nothing meant for it (docs/architecture.md,
+    "Decisions": readiness proves identity). Another agent's report cannot withdraw it."""
+    from fleet.control import reports
+    from fleet.live import watch
+    from fleet.live.watch import AgentGenerations, Endpoint, View, watcher
+
+    agent, token, ws = await connected_agent("gpu-1")
+    other, other_token, other_ws = await connected_agent("gpu-2")
+    written = []
+    monkeypatch.setattr(reports, "record_status", lambda agent_id, message: written.append(message))
+
+    def rows_not_written_yet(*args):  # every refresh still reads both replicas ready
+        return View(routes={1: (Endpoint(41, 1, "http://10.0.0.5:20001", "gpu-1"),
+                                Endpoint(42, 1, "http://10.0.0.5:20002", "gpu-1"))}), AgentGenerations()
+
+    monkeypatch.setattr(watch, "_load_view", rows_not_written_yet)
+    await watcher.refresh_now()
+    assert [e.replica_id for e in watcher.view.routes[1]] == [41, 42]
+    await other_ws.send_json_to({"type": "status", "v": 1, "replicas": [{"replica_id": 41, "state": "failed"}]})
+    await ws.send_json_to({"type": "status", "v": 1, "replicas": [{"replica_id": 42, "state": "failed",
+                                                                  "error": "engine killed by signal 9"}]})
+    for _ in range(100):
+        if len(written) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert len(written) == 2
+    await watcher.refresh_now()  # a refresh from rows not written yet does not bring it back
+    assert [e.replica_id for e in watcher.view.routes[1]] == [41]
+    await ws.disconnect()
+    await other_ws.disconnect()

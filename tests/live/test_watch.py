@@ -257,3 +257,43 @@ def test_a_refresh_says_whether_a_pass_looked_at_a_model_and_what_it_wants(make_
     view, _ = _load_view([])
     assert new.pk not in view.status  # no row: not looked at
     assert view.status[seen.pk].looked_at and view.status[seen.pk].desired == 1
+
+
+# --- routes an agent withdrew -----------------------------------------------------------------
+
+def test_a_replica_its_agent_reports_not_ready_leaves_routing_at_once_and_stays_out_until_the_rows_agree(
+        monkeypatch):
+    """The agent's report reaches the consumer before its rows are written (a busy database
+    can take seconds): the route goes at once, a refresh from rows not yet written does not
+    bring it back, and once a refresh agrees — or the agent says ready again — the watcher
+    routes by the rows alone. An agent cannot withdraw another agent's replica."""
+    import asyncio
+
+    from fleet.live import watch
+    from fleet.live.watch import AgentGenerations, Endpoint, View, Watcher
+
+    def view_with(*ids):
+        return View(routes={1: tuple(Endpoint(i, 1, f"http://127.0.0.1:{20000 + i}", "gpu-a") for i in ids)})
+
+    w = Watcher()
+    w.view = view_with(7, 8)
+    w.withdraw([7], "gpu-b")  # not gpu-b's replica
+    assert [e.replica_id for e in w.view.routes[1]] == [7, 8]
+    w.withdraw([7, 99], "gpu-a")
+    assert [e.replica_id for e in w.view.routes[1]] == [8]
+
+    rows = {"ids": (7, 8)}
+    monkeypatch.setattr(watch, "_load_view", lambda *a: (view_with(*rows["ids"]), AgentGenerations()))
+    asyncio.run(w._refresh())  # the failure not written yet: 7 stays out
+    assert [e.replica_id for e in w.view.routes[1]] == [8]
+    rows["ids"] = (8,)
+    asyncio.run(w._refresh())  # written: the rows keep it out now
+    assert [e.replica_id for e in w.view.routes[1]] == [8] and not w._withdrawn
+    rows["ids"] = (7, 8)  # ready again later: routed by the rows
+    asyncio.run(w._refresh())
+    assert [e.replica_id for e in w.view.routes[1]] == [7, 8]
+
+    w.withdraw([8], "gpu-a")
+    w.readmit([8])  # the agent says it is ready again before any refresh
+    asyncio.run(w._refresh())
+    assert [e.replica_id for e in w.view.routes[1]] == [7, 8]
