@@ -459,7 +459,12 @@ async def test_heartbeats_carry_the_load_read_afresh_from_the_engine_while_nothi
         agent._status_due.clear()  # what changed until now has been "sent"
         ws, before = RecordingSocket(), len(reads)
         sender = asyncio.create_task(agent._send_loop(ws))
-        await asyncio.sleep(1.5)
+        # Until five heartbeats went out and the engine was read three more times (a busy
+        # machine stretches both cadences; nothing here counts on how long they take).
+        for _ in range(600):
+            if len(reads) - before >= 3 and sum(m["type"] == "heartbeat" for m in ws.sent) >= 5:
+                break
+            await asyncio.sleep(0.05)
         sender.cancel()
         with pytest.raises(asyncio.CancelledError):
             await sender
