@@ -253,9 +253,13 @@ class InvariantChecks:
         ready = [r for r in rows.values() if r["state"] == "ready" and r["port"]]
         by_key = {e.key: e for e in engines}
         owners = listeners({r["port"] for r in ready}, [e.pid for e in engines] + [os.getpid()])
+        with self.lock:
+            # A web process down: an agent's report may have had no way in (nor did any
+            # request to route); the grace starts again once it is back.
+            web_down = any(down <= now <= up for down, up in self.web_down)
         for row in ready:
             mine = by_key.get(row["engine_key"])
-            if self.cluster.up_since.get(row["agent__name"]) is None:
+            if web_down or self.cluster.up_since.get(row["agent__name"]) is None:
                 self.ready_wrong_since.pop(row["id"], None)
                 continue  # an agent down cannot report; the lost grace covers it
             holder = owners.get(row["port"])

@@ -25,7 +25,7 @@ class Stub(InvariantChecks):
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.keys, self.pid_keys, self.unwanted_since, self.ready_wrong_since = {}, {}, {}, {}
-        self.crashed_at = {}
+        self.crashed_at, self.web_down = {}, []
         self.cluster = type("C", (), {"up_since": {"gpu-a": 0.0, "gpu-b": 0.0, "cpu": 0.0}})()
 
     def violate(self, invariant: str, text: str, once: object = None) -> None:
@@ -138,3 +138,21 @@ def test_an_impostors_answer_is_one_routing_violation_not_also_a_shape_one():
     checks.answers = [Answer(0, 0.1, "m", 200, replica="1@cpu", fingerprint=fingerprint, problem=problem)]
     checks.check_answers()
     assert len(checks.violations) == 1 and checks.violations[0].startswith("[routing]"), checks.violations
+
+
+def test_a_ready_row_nothing_listens_for_is_excused_while_a_web_process_is_down():
+    """No web process to hear the agent's report: the row cannot have moved yet (and no
+    request is routed); the grace starts again when the web process is back."""
+    from tests.soak_checks import READY_GRACE_S
+
+    checks = Stub()
+    stale = {**row(3, "gone"), "port": 1}  # port 1: nothing listens there
+    checks.web_down = [[100.0, 110.0]]
+    checks.check_ready_identity([], {"gone": stale}, now=105.0)
+    checks.check_ready_identity([], {"gone": stale}, now=109.0)
+    assert checks.violations == []
+    checks.check_ready_identity([], {"gone": stale}, now=111.0)  # back: the grace runs from here
+    checks.check_ready_identity([], {"gone": stale}, now=111.0 + READY_GRACE_S / 2)
+    assert checks.violations == []
+    checks.check_ready_identity([], {"gone": stale}, now=111.0 + READY_GRACE_S + 0.5)
+    assert len(checks.violations) == 1 and "nothing listens there" in checks.violations[0]
