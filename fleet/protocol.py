@@ -176,6 +176,11 @@ _TROUBLE = re.compile(r"error|exception|traceback|fatal|failed|out of memory|add
                       r"permission denied|no such file|not found|killed", re.IGNORECASE)
 
 
+#: An access-log line ('127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 500 Internal
+#: Server Error'): a request's outcome, never the engine's own trouble.
+_ACCESS_LOG = re.compile(r'"[A-Z]+ \S+ HTTP/\d(?:\.\d)?"\s+\d{3}')
+
+
 def error_summary(error: str | None) -> str:
     """One line for a replica's error: the agent's own words ("engine exited with code 1",
     "port 20002 taken by pid 4711 (python3)") — the first line of the error, before the
@@ -186,7 +191,8 @@ def error_summary(error: str | None) -> str:
     if not lines:
         return ""
     first = lines[0].rstrip(":;, ")
-    trouble = next((line for line in reversed(lines[1:]) if _TROUBLE.search(line) and not line.startswith("---")), "")
+    trouble = next((line for line in reversed(lines[1:])
+                    if _TROUBLE.search(line) and not line.startswith("---") and not _ACCESS_LOG.search(line)), "")
     return f"{first}: {trouble}" if trouble and trouble not in first else first
 
 

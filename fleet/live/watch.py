@@ -322,7 +322,7 @@ class Watcher:
         #: Replicas an agent connected to this process reported not ready, taken out of
         #: routing at once (:meth:`withdraw`) and kept out until a refresh agrees or the
         #: agent reports them ready again (:meth:`readmit`).
-        self._withdrawn: set[int] = set()
+        self._withdrawn: dict[int, str] = {}  # replica id → the agent that withdrew it
         #: Blocking callables run in each refresh (same worker thread, after the routing
         #: queries); their dicts are merged into ``View.extra``. Other apps (the gateway's
         #: key and catalog cache) register here, so ``fleet`` imports nothing of theirs.
@@ -369,12 +369,14 @@ class Watcher:
         and meanwhile a process that took a dead engine's port would be sent its requests
         (docs/architecture.md, "Decisions": readiness proves identity). Other web processes
         learn it from the database at their next refresh."""
-        routed = {e.replica_id for eps in self.view.routes.values() for e in eps if e.agent_name == agent_name}
-        ids = ({int(i) for i in replica_ids} & routed) - self._withdrawn
-        if not ids:
-            return
-        self._withdrawn |= ids
-        self.view = _without(self.view, self._withdrawn)
+        ids = {int(i) for i in replica_ids}
+        for rid in ids:
+            self._withdrawn[rid] = agent_name
+        mine = {e.replica_id for eps in self.view.routes.values() for e in eps
+                if e.replica_id in ids and e.agent_name == agent_name}
+        if not mine:
+            return  # not routed now; a refresh from rows not written yet keeps them out
+        self.view = _without(self.view, mine)
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
@@ -382,7 +384,8 @@ class Watcher:
     def readmit(self, replica_ids) -> None:
         """The agent reports ``replica_ids`` ready again: the next refresh routes them if
         their rows agree."""
-        self._withdrawn -= {int(i) for i in replica_ids}
+        for rid in replica_ids:
+            self._withdrawn.pop(int(rid), None)
 
     # -- waiting ---------------------------------------------------------------------------
     async def wait_for_refresh(self, timeout_s: float) -> bool:
@@ -437,10 +440,12 @@ class Watcher:
         view.started_at = started
         view.version = self.view.version + 1
         if self._withdrawn:
-            # Kept out until a refresh no longer routes them (their rows caught up).
-            routed = {e.replica_id for eps in view.routes.values() for e in eps}
-            self._withdrawn &= routed
-            view = _without(view, self._withdrawn)
+            # Kept out until a refresh no longer routes them (their rows caught up); an id
+            # counts only for the agent that withdrew it.
+            routed = {e.replica_id: e.agent_name for eps in view.routes.values() for e in eps}
+            self._withdrawn = {rid: agent for rid, agent in self._withdrawn.items() if routed.get(rid) == agent}
+            if self._withdrawn:
+                view = _without(view, set(self._withdrawn))
         self.view = view
         if generations.by_agent is not None or generations.key is None:
             self._generations = generations.by_agent or {}
@@ -572,23 +577,27 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     routes: dict[int, list[Endpoint]] = defaultdict(list)
     coming: dict[int, int] = defaultdict(int)
     # An agent heard from within the route grace keeps its replicas routable: a restarting
-    # agent (seconds) leaves its engines serving; a silent one drops out of routing. As for
-    # lost agents, silence counts only while the control plane could listen: just after the
-    # database (or every web process) was away, stamps are still on their way.
+    # agent (seconds) leaves its engines serving; a silent one drops out of routing. Just
+    # after the control plane could not listen (the database, or every web process, was
+    # away), an older stamp does not make an agent silent if it is connected to this process
+    # (its stamps are on their way) — but the rows of an agent no one has heard since are
+    # not trusted: its reports of engines that died meanwhile may never have landed, and a
+    # process on a dead engine's port would be sent requests (the soak's web restart).
     now = timezone.now()
     heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
     listening = planes.listening_since(now)
-    if listening is not None and listening > heard_since:
-        heard_since = datetime.min.replace(tzinfo=now.tzinfo)
+    just_listening = listening is not None and listening > heard_since
+    connected_here = set(agent_ids)
     # A deleted model's replicas (model None) leave routing at once, before a pass drains them.
     rows = Replica.objects.filter(
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP], model__isnull=False,
     ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
-                  "engine_key")
+                  "engine_key", "agent_id")
     silent: dict[int, dict[str, datetime]] = defaultdict(dict)
-    for rid, model_id, state, port, address, agent_name, last_seen, key in rows:
+    for rid, model_id, state, port, address, agent_name, last_seen, key, agent_id in rows:
         if state == ReplicaState.READY.value:
-            if last_seen is not None and last_seen >= heard_since and port:
+            heard = last_seen is not None and (last_seen >= heard_since or (just_listening and agent_id in connected_here))
+            if heard and port:
                 routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key))
             elif last_seen is not None:
                 silent[model_id][agent_name] = max(last_seen, listening) if listening is not None else last_seen

@@ -41,7 +41,7 @@ from catalog.models import Model
 from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, AgentQuerySet, ModelState, Replica
-from fleet.states import HOLDS_RESOURCES, NOT_STOPPED, ReplicaState, moved_when_agent_lost
+from fleet.states import HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, moved_when_agent_lost
 
 #: How far back ``explain`` and the dashboard list stopped replicas, each with why it stopped.
 RECENTLY_STOPPED = timedelta(minutes=15)
@@ -162,7 +162,10 @@ def replica_outdated(replica: Replica, hashes: dict[int, str]) -> bool:
 
 def replica_note(replica: Replica, hashes: dict[int, str]) -> str:
     """A few words on a live replica's transition, for people: "outdated, being replaced",
-    "its model was deleted: draining, then stopping", or ""."""
+    "its model was deleted: draining, then stopping", or "" — "" for a replica whose engine
+    no longer runs (failed, stopped: history, not a transition under way)."""
+    if ReplicaState(replica.state) not in LIVE:
+        return ""
     if replica.model is None:  # no query when model_id is None
         return "its model was deleted: draining, then stopping"
     if replica_outdated(replica, hashes):

@@ -89,6 +89,10 @@ def test_an_errors_summary_is_the_agents_words_and_the_log_line_that_names_the_t
     access_log = ("engine killed by signal 9\n--- last log lines ---\n"
                   'INFO: 127.0.0.1:42656 - "GET /v1/models HTTP/1.1" 200 OK\nllama_perf_context_print: load time')
     assert error_summary(access_log) == "engine killed by signal 9"
+    failing_requests = ("engine killed by signal 9\n--- last log lines ---\n"
+                        'INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error\n'
+                        'INFO:     127.0.0.1:51236 - "GET /v1/nothing HTTP/1.1" 404 Not Found')
+    assert error_summary(failing_requests) == "engine killed by signal 9"  # requests' outcomes, not its trouble
     crash = ("engine exited with code 1 while starting\n--- last log lines ---\nloading weights\n"
              "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nexiting")
     assert error_summary(crash) == ("engine exited with code 1 while starting: "

@@ -297,3 +297,40 @@ def test_a_replica_its_agent_reports_not_ready_leaves_routing_at_once_and_stays_
     w.readmit([8])  # the agent says it is ready again before any refresh
     asyncio.run(w._refresh())
     assert [e.replica_id for e in w.view.routes[1]] == [7, 8]
+
+
+def test_a_replica_reported_not_ready_before_any_refresh_routed_it_stays_out_but_only_for_its_own_agent(
+        monkeypatch):
+    """An agent back after the web process restarted says hello with an engine that died
+    meanwhile, before this process's first refresh routed it: the refresh from the stale row
+    must not route it. Another agent naming that id withdraws nothing."""
+    import asyncio
+
+    from fleet.live import watch
+    from fleet.live.watch import AgentGenerations, Endpoint, View, Watcher
+
+    w = Watcher()
+    w.withdraw([7], "gpu-a")
+    w.withdraw([8], "gpu-b")  # replica 8 is gpu-a's
+    rows = View(routes={1: (Endpoint(7, 1, "http://127.0.0.1:20007", "gpu-a"),
+                            Endpoint(8, 1, "http://127.0.0.1:20008", "gpu-a"))})
+    monkeypatch.setattr(watch, "_load_view", lambda *a: (rows, AgentGenerations()))
+    asyncio.run(w._refresh())
+    assert [e.replica_id for e in w.view.routes[1]] == [8]
+
+
+@pytest.mark.django_db
+def test_just_after_no_one_could_listen_only_agents_connected_here_keep_old_stamps_routable(make_model, settings):
+    """After every web process was away (the listening window just began), an agent whose
+    last stamp is old is trusted only if it is connected to this process: the rows of one
+    no one has heard since may hide engines that died meanwhile."""
+    settings.LLMGW_AGENT_ROUTE_GRACE_S = 2.0
+    m = make_model("m")
+    here, elsewhere = agent("here", seen_s_ago=30), agent("elsewhere", seen_s_ago=30)
+    r_here = replica(m, here)
+    replica(m, elsewhere)
+    ControlPlane.objects.all().delete()
+    register_web_process()  # this process's window starts now: nobody listened before
+    view, _ = _load_view([here.pk])
+    assert [e.replica_id for e in view.routes[m.pk]] == [r_here.pk]
+    assert [a.name for a in view.status[m.pk].silent_agents] == ["elsewhere"]

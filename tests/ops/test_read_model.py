@@ -265,6 +265,18 @@ def test_an_outdated_replica_is_shown_outdated_in_status_explain_the_dashboard_a
     assert ReplicaSerializer(Replica.objects.select_related("model__profile").get(pk=r.pk)).data["outdated"] is True
 
 
+def test_a_failed_replica_of_an_old_spec_is_history_not_being_replaced(make_model):
+    """Only a replica whose engine may still run is "being replaced"; a failed one of the
+    old spec carries no note (explain lists it with its error)."""
+    m = make_model("m")
+    r = started_from_current_spec(m)
+    Replica.objects.filter(pk=r.pk).update(state="failed", error="engine exited with code 2")
+    m.profile.env = {"NEW": "1"}
+    m.profile.save()
+    shown = explain_model(m)["replicas"][0]
+    assert shown["id"] == r.pk and shown["note"] == "" and shown["error"] == "engine exited with code 2"
+
+
 def test_an_alias_edit_does_not_make_a_replica_outdated(make_model):
     m = make_model("m")
     started_from_current_spec(m)
