@@ -297,7 +297,8 @@ def test_an_engine_crash_loop_backs_off_shows_its_log_lines_then_recovers(fleet,
             assert waited >= 0.5 * 2 ** (n - 1) - 0.1, f"attempt {n + 1} came {waited:.2f} s after failure {n}"
         reason = ModelState.objects.get(model=model).reason
         assert reason.startswith("crash loop: "), reason
-        assert reason.endswith("last error: RuntimeError: CUDA out of memory (simulated by tests/flaky_engine.py)")
+        assert reason.endswith("last error: engine exited with code 1 while starting: "
+                               "RuntimeError: CUDA out of memory (simulated by tests/flaky_engine.py)")
         assert not Replica.objects.filter(model=model, state__in=["starting", "placing"],
                                           created_at__lt=failed[3].state_changed_at).exists()
         error = failed[0].error
@@ -315,7 +316,7 @@ def test_an_engine_crash_loop_backs_off_shows_its_log_lines_then_recovers(fleet,
             os.kill(victim.pid, signal.SIGKILL)
             wait_until(lambda v=victim: state_of(v) == "failed", timeout_s=10, what="the killed engine to be failed")
             victim.refresh_from_db()
-            assert "engine exited with code -9" in victim.error
+            assert "engine killed by signal 9" in victim.error
             successor = wait_until(lambda v=victim: Replica.objects.filter(model=model, pk__gt=v.pk).first(),
                                    timeout_s=30, what="a replacement")
             # Ready for less than LLMGW_BACKOFF_RESET_AFTER: the crash loop goes on, at the 4 s cap.
