@@ -233,8 +233,11 @@ def test_a_client_that_hangs_up_while_held_is_no_longer_held(live, long_cold_sta
                    what="the request to stop being held once its client went away")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{live.logs()}") from exc
-    wait_until(lambda: UsageRecord.objects.filter(model_name="hang-up", status=499).exists(), timeout_s=20,
-               what="the hung-up request to be recorded as 499")
+    try:
+        wait_until(lambda: UsageRecord.objects.filter(model_name="hang-up", status=499).exists(), timeout_s=60,
+                   what="the hung-up request to be recorded as 499")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{live.logs()}") from exc
     Model.objects.filter(name="hang-up").update(idle_timeout_s=1)
 
 
