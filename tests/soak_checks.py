@@ -216,7 +216,17 @@ class InvariantChecks:
             return "no replica row (deleted)"
         return f"r{row['id']} of {row['model__name'] or '(a deleted model)'} on {row['agent__name']}, {row['state']}"
 
+    def _web_back_at(self, now: float) -> float | None:
+        """None while a web process is down (an agent may not hear what it must stop), else
+        when the last one came back (-inf if none went down)."""
+        with self.lock:
+            windows = [tuple(w) for w in self.web_down]
+        if any(down <= now <= up for down, up in windows):
+            return None
+        return max((up for _, up in windows if up <= now), default=float("-inf"))
+
     def check_wanted(self, engines: list[EngineProcess], rows: dict[str, dict], now: float) -> None:
+        web_back = self._web_back_at(now)
         seen = set()
         by_key: dict[str, list[EngineProcess]] = {}
         for e in engines:
@@ -239,9 +249,9 @@ class InvariantChecks:
                 continue
             first = self.unwanted_since.setdefault(ident, now)
             up = self.cluster.up_since.get(e.agent)
-            if up is None:
-                continue  # its agent is down: nobody can stop it yet
-            since = max(first, up)
+            if up is None or web_back is None:
+                continue  # its agent, or the web process that tells it, is down: nobody can stop it yet
+            since = max(first, up, web_back)
             if now - since > ORPHAN_GRACE_S:
                 self.violate("unwanted-engine", f"engine {e.describe()} still runs {now - since:.1f} s after it became "
                                                 f"unwanted while agent {e.agent} ran (grace {ORPHAN_GRACE_S:.0f} s): {why}",
@@ -253,10 +263,9 @@ class InvariantChecks:
         ready = [r for r in rows.values() if r["state"] == "ready" and r["port"]]
         by_key = {e.key: e for e in engines}
         owners = listeners({r["port"] for r in ready}, [e.pid for e in engines] + [os.getpid()])
-        with self.lock:
-            # A web process down: an agent's report may have had no way in (nor did any
-            # request to route); the grace starts again once it is back.
-            web_down = any(down <= now <= up for down, up in self.web_down)
+        # A web process down: an agent's report may have had no way in (nor did any request
+        # to route); the grace starts again once it is back.
+        web_down = self._web_back_at(now) is None
         for row in ready:
             mine = by_key.get(row["engine_key"])
             if web_down or self.cluster.up_since.get(row["agent__name"]) is None:

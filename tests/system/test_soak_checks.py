@@ -156,3 +156,17 @@ def test_a_ready_row_nothing_listens_for_is_excused_while_a_web_process_is_down(
     assert checks.violations == []
     checks.check_ready_identity([], {"gone": stale}, now=111.0 + READY_GRACE_S + 0.5)
     assert len(checks.violations) == 1 and "nothing listens there" in checks.violations[0]
+
+
+def test_an_unwanted_engine_is_excused_while_a_web_process_is_down_and_its_grace_runs_from_its_return():
+    """The agent learns an engine is unwanted from its desired set, which a web process
+    sends: with none up, nobody can tell it."""
+    checks = Stub()
+    orphan = engine(5, key="gone")
+    checks.web_down = [[100.0, 110.0]]
+    checks.check_wanted([orphan], {}, now=95.0)
+    checks.check_wanted([orphan], {}, now=109.0)
+    checks.check_wanted([orphan], {}, now=110.0 + ORPHAN_GRACE_S - 1)
+    assert checks.violations == []
+    checks.check_wanted([orphan], {}, now=110.0 + ORPHAN_GRACE_S + 1)
+    assert len(checks.violations) == 1 and "the row was deleted" in checks.violations[0]
