@@ -225,8 +225,30 @@ class InvariantChecks:
             return None
         return max((up for _, up in windows if up <= now), default=float("-inf"))
 
+    def _reconnected_at(self, now: float) -> dict[str, float]:
+        """Agent name → when (monotonic) its current websocket connected, from its row's
+        ``connected_since``; an agent not connected is absent. After a web process's return an
+        agent is heard only once it has reconnected (its backoff may have grown to seconds)."""
+        from fleet.models import Agent
+
+        wall_now = time.time()
+        return {name: now - (wall_now - since.timestamp())
+                for name, connected, since in Agent.objects.values_list("name", "connected", "connected_since")
+                if connected and since is not None}
+
+    def _told_since(self, agent: str, web_back: float, reconnected: dict[str, float]) -> float | None:
+        """Since when ``agent`` could be told and heard (after the last web return, once it
+        reconnected); None while it cannot."""
+        if web_back == float("-inf"):
+            return web_back
+        at = reconnected.get(agent)
+        if at is None or at < web_back - 1.5:  # its row's flag is from before the return
+            return None
+        return max(at, web_back)
+
     def check_wanted(self, engines: list[EngineProcess], rows: dict[str, dict], now: float) -> None:
         web_back = self._web_back_at(now)
+        reconnected = self._reconnected_at(now) if web_back not in (None, float("-inf")) else {}
         seen = set()
         by_key: dict[str, list[EngineProcess]] = {}
         for e in engines:
@@ -249,9 +271,10 @@ class InvariantChecks:
                 continue
             first = self.unwanted_since.setdefault(ident, now)
             up = self.cluster.up_since.get(e.agent)
-            if up is None or web_back is None:
-                continue  # its agent, or the web process that tells it, is down: nobody can stop it yet
-            since = max(first, up, web_back)
+            told = None if web_back is None else self._told_since(e.agent, web_back, reconnected)
+            if up is None or told is None:
+                continue  # its agent, or its way to a web process, is down: nobody can stop it yet
+            since = max(first, up, told)
             if now - since > ORPHAN_GRACE_S:
                 self.violate("unwanted-engine", f"engine {e.describe()} still runs {now - since:.1f} s after it became "
                                                 f"unwanted while agent {e.agent} ran (grace {ORPHAN_GRACE_S:.0f} s): {why}",
@@ -265,10 +288,12 @@ class InvariantChecks:
         owners = listeners({r["port"] for r in ready}, [e.pid for e in engines] + [os.getpid()])
         # A web process down: an agent's report may have had no way in (nor did any request
         # to route); the grace starts again once it is back.
-        web_down = self._web_back_at(now) is None
+        web_back = self._web_back_at(now)
+        reconnected = self._reconnected_at(now) if web_back not in (None, float("-inf")) else {}
         for row in ready:
             mine = by_key.get(row["engine_key"])
-            if web_down or self.cluster.up_since.get(row["agent__name"]) is None:
+            if (web_back is None or self._told_since(row["agent__name"], web_back, reconnected) is None
+                    or self.cluster.up_since.get(row["agent__name"]) is None):
                 self.ready_wrong_since.pop(row["id"], None)
                 continue  # an agent down cannot report; the lost grace covers it
             holder = owners.get(row["port"])

@@ -26,7 +26,11 @@ class Stub(InvariantChecks):
         self.t0 = time.monotonic()
         self.keys, self.pid_keys, self.unwanted_since, self.ready_wrong_since = {}, {}, {}, {}
         self.crashed_at, self.web_down = {}, []
+        self.reconnected: dict[str, float] = {}  # agent → when it reconnected (the rows' connected_since)
         self.cluster = type("C", (), {"up_since": {"gpu-a": 0.0, "gpu-b": 0.0, "cpu": 0.0}})()
+
+    def _reconnected_at(self, now: float) -> dict[str, float]:
+        return self.reconnected
 
     def violate(self, invariant: str, text: str, once: object = None) -> None:
         self.violations.append(f"[{invariant}] {text}")
@@ -150,8 +154,11 @@ def test_a_ready_row_nothing_listens_for_is_excused_while_a_web_process_is_down(
     checks.web_down = [[100.0, 110.0]]
     checks.check_ready_identity([], {"gone": stale}, now=105.0)
     checks.check_ready_identity([], {"gone": stale}, now=109.0)
+    checks.reconnected = {"gpu-a": 90.0}  # the flag of its old connection
+    checks.check_ready_identity([], {"gone": stale}, now=110.5 + READY_GRACE_S + 2)
     assert checks.violations == []
-    checks.check_ready_identity([], {"gone": stale}, now=111.0)  # back: the grace runs from here
+    checks.reconnected = {"gpu-a": 111.0}  # reconnected: the grace runs from here
+    checks.check_ready_identity([], {"gone": stale}, now=111.0)
     checks.check_ready_identity([], {"gone": stale}, now=111.0 + READY_GRACE_S / 2)
     assert checks.violations == []
     checks.check_ready_identity([], {"gone": stale}, now=111.0 + READY_GRACE_S + 0.5)
@@ -164,6 +171,7 @@ def test_an_unwanted_engine_is_excused_while_a_web_process_is_down_and_its_grace
     checks = Stub()
     orphan = engine(5, key="gone")
     checks.web_down = [[100.0, 110.0]]
+    checks.reconnected = {"gpu-a": 110.0}
     checks.check_wanted([orphan], {}, now=95.0)
     checks.check_wanted([orphan], {}, now=109.0)
     checks.check_wanted([orphan], {}, now=110.0 + ORPHAN_GRACE_S - 1)
