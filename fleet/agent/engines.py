@@ -407,10 +407,7 @@ class EngineManager:
                 engine.error = "; ".join(taken) + ": starting on another port"
                 self._changed()
             engine.error = ""
-            engine.state = S.READY
-            log.info("replica %s ready on port %s", engine.replica_id, engine.port)
-            self._changed()
-            await self._watch(engine)
+            await self._serve(engine)
         except asyncio.CancelledError:
             raise
         except (WeightsError, _EngineFailed, OSError, ValueError, KeyError, IndexError) as exc:
@@ -510,10 +507,7 @@ class EngineManager:
             problem = await self._await_ready(engine, time.monotonic() + max(0.0, left))
             if problem is not None:
                 raise _EngineFailed(problem)
-            engine.state = S.READY
-            log.info("replica %s ready on port %s", engine.replica_id, engine.port)
-            self._changed()
-            await self._watch(engine)
+            await self._serve(engine)
         except asyncio.CancelledError:
             raise
         except (_EngineFailed, OSError, ValueError, KeyError) as exc:
@@ -529,6 +523,14 @@ class EngineManager:
         """Names of mirrored weights this machine's engines use: never evicted."""
         return {e.spec["weights"].partition(":")[2] for e in list(self.engines.values())
                 if str(e.spec.get("weights", "")).startswith("mirror:")}
+
+    async def _serve(self, engine: Engine) -> None:
+        """An engine that proved ready (a fresh start or a resumed one): report it ready, then
+        watch it until it stops or fails."""
+        engine.state = S.READY
+        log.info("replica %s ready on port %s", engine.replica_id, engine.port)
+        self._changed()
+        await self._watch(engine)
 
     async def _watch(self, engine: Engine) -> None:
         """While ready: notice the engine exiting or no longer answering readiness; read its
