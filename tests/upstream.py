@@ -56,7 +56,7 @@ class RecordingUpstream:
                     upstream.requests.append({"method": self.command, "target": self.path,
                                               "headers": {k.lower(): v for k, v in self.headers.items()},
                                               "body": body})
-                if self.command != "POST" or self.path not in SERVED:
+                if self.command != "POST" or self.path.partition("?")[0] not in SERVED:
                     return self._send(404, b'{"detail": "Not Found"}', "application/json")
                 try:
                     req = json.loads(body or b"{}")
@@ -67,7 +67,7 @@ class RecordingUpstream:
                              "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
                     data = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
                     return self._send(200, data, "text/event-stream")
-                if self.path == "/v1/embeddings":
+                if self.path.partition("?")[0] == "/v1/embeddings":
                     answer = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
                               "model": req.get("model"), "usage": {"prompt_tokens": 1, "total_tokens": 1}}
                 else:

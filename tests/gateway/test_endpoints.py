@@ -159,9 +159,23 @@ def test_a_get_of_an_engine_private_endpoint_is_a_404_too(servers, models, key):
 
 
 @pytest.mark.parametrize("model", ["rep", "ext"])
-def test_the_upstream_url_is_the_endpoint_and_never_the_clients_query(servers, models, key, model):
+@pytest.mark.parametrize("query", [
+    "api-version=2024-10-21&x=../../slots",
+    "q=a%2Fb&r=%26%3D&s=%E2%9C%93&t=+plus",  # percent-encoding kept, never decoded and re-encoded
+    "flag&empty=&a=1&a=2",
+])
+def test_the_clients_query_string_goes_upstream_as_sent_and_the_path_stays_the_endpoint(servers, models, key,
+                                                                                          model, query):
     before = servers["upstream"].count()
-    r = post(servers, "/v1/chat/completions?api-version=1&x=../../slots", {"model": model, "messages": HI}, key)
+    r = post(servers, f"/v1/chat/completions?{query}", {"model": model, "messages": HI}, key)
+    assert r.status_code == 200, r
+    assert [req["target"] for req in servers["upstream"].since(before)] == [f"/v1/chat/completions?{query}"]
+
+
+@pytest.mark.parametrize("model", ["rep", "ext"])
+def test_a_request_without_a_query_string_goes_upstream_without_one(servers, models, key, model):
+    before = servers["upstream"].count()
+    r = post(servers, "/v1/chat/completions", {"model": model, "messages": HI}, key)
     assert r.status_code == 200, r
     assert [req["target"] for req in servers["upstream"].since(before)] == ["/v1/chat/completions"]
 
@@ -282,6 +296,9 @@ def test_an_unreachable_external_service_is_a_502_that_does_not_name_its_address
     the client gets the model's name, the web process's log gets the address."""
     closed = free_port()
     Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{closed}/v1")
+    # External models come from the in-memory view: the edit applies within a refresh.
+    wait_until(lambda: post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key).status_code == 502,
+               timeout_s=10, what="the new external URL to apply")
     r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
     assert r.status_code == 502 and r.body["error"]["code"] == "upstream_unreachable", r
     assert str(closed) not in r.body["error"]["message"] and "127.0.0.1" not in r.body["error"]["message"]
@@ -418,6 +435,8 @@ def test_an_upstream_error_keeps_its_status_but_not_its_cookies(servers, models,
     # The recording upstream answers 404 {"detail": ...} for a path it does not serve; the
     # gateway never sends one there, so make the model's endpoint exist here but not there.
     Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['upstream'].port}/nowhere")
+    wait_until(lambda: post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key).status_code == 404,
+               timeout_s=10, what="the new external URL to apply")
     r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
     assert r.status_code == 404 and r.set_cookie is None and "www-authenticate" not in r.headers
 
@@ -502,7 +521,7 @@ def test_match_is_exact_and_rejects_any_encoding(path, raw, expected):
 
 
 def test_a_header_the_upstream_names_in_connection_is_hop_by_hop():
-    from gateway.proxy import relayed_header
+    from gateway.upstream import relayed_header
 
     assert relayed_header("X-Request-Id") and relayed_header("Retry-After") and relayed_header("x-ratelimit-remaining-tokens")
     assert not relayed_header("X-Upstream-Session", "keep-alive, X-Upstream-Session")

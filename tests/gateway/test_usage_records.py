@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from gateway import usage
 from gateway.models import UsageRecord
-from gateway.proxy import Exchange
+from gateway.exchange import Exchange
 
 pytestmark = [pytest.mark.django_db(transaction=True)]  # flush() closes old connections
 
@@ -73,7 +73,7 @@ def test_only_counts_are_taken_as_token_usage():
 def test_an_engines_error_keeps_its_own_words_in_openais_shape(status, body, message, code):
     import json
 
-    from gateway.proxy import _engine_error
+    from gateway.relay import _engine_error
 
     ex = Exchange("foo")
     ex.model_label = "m"

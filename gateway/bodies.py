@@ -1,0 +1,113 @@
+"""Reading a ``/v1/`` request body: its size limit, strict JSON (no NaN, no duplicate
+member names, no numbers out of range), and what the gateway adds before it goes upstream."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+
+from gateway import validation
+from gateway.errors import openai_error
+
+
+def body_limit_error(request: HttpRequest) -> HttpResponse | None:
+    limit = settings.LLMGW_MAX_BODY_BYTES
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        return openai_error(400, "Content-Length is not a number.")
+    if declared > limit:
+        return openai_error(413, f"Request body of {declared} bytes is over the limit of {limit} bytes.",
+                            code="request_too_large")
+    return None
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's extension, not the spec
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: re-encoded it would become Infinity, which is not JSON
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+class _DuplicateName(ValueError):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict, refusing one that names a member twice: Python keeps the
+    last value, other parsers (a provider's, an engine's) the first, so the gateway could
+    check one ``model`` and the upstream serve another."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise _DuplicateName(twice)
+    return obj
+
+
+def parse_body(request: HttpRequest) -> dict | HttpResponse:
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
+                            code="request_too_large")
+    try:
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float, object_pairs_hook=_unique_names)
+    except _DuplicateName as exc:
+        return openai_error(400, f"The request body names {json.dumps(str(exc))[:200]} twice in one object.",
+                            code="invalid_json")
+    except (ValueError, UnicodeDecodeError):
+        return openai_error(400, "The request body is not valid JSON.", code="invalid_json")
+    except RecursionError:
+        return openai_error(400, "The request body is nested too deeply.", code="invalid_json")
+    if not isinstance(body, dict):
+        return openai_error(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+
+def _positive_int(value) -> bool:
+    return validation.is_integer(value) and value > 0  # 16.0 is a limit too
+
+
+def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
+                   default_max_tokens: int | None) -> tuple[bytes, bool]:
+    """The request body to send upstream, and whether to strip the usage chunk again.
+
+    Only what the client left out is added; otherwise its bytes go through untouched:
+
+    * a stream gets ``stream_options.include_usage`` (so usage is recorded);
+    * with ``bound`` (a generating request to a replica served here):
+      ``max_completion_tokens`` alone is copied to ``max_tokens`` — llama-cpp-python's
+      server ignores the newer name, and would generate until its context is full —; and
+      when neither names a positive count, the model's ``default_max_tokens`` becomes
+      ``max_tokens`` (0 or -1 mean "no limit" to llama.cpp). An unbounded request can hold
+      a CPU replica for minutes."""
+    patched: dict | None = None
+    strip_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage")):
+            patched = dict(body)
+            patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            strip_usage = True
+    if bound:
+        given, newer = body.get("max_tokens"), body.get("max_completion_tokens")
+        limit = None
+        if not _positive_int(given) and _positive_int(newer):
+            limit = newer
+        elif not _positive_int(given) and default_max_tokens:
+            limit = default_max_tokens
+        if limit is not None:
+            patched = dict(body) if patched is None else patched
+            patched["max_tokens"] = limit
+    return (raw if patched is None else json.dumps(patched).encode()), strip_usage
+

@@ -1,0 +1,68 @@
+"""One request's bookkeeping (``Exchange``): caller, model, timings, tokens, the upstream's
+status; recorded once at the end as metrics and a usage record (``gateway.usage``)."""
+
+from __future__ import annotations
+
+import time
+
+from django.http import HttpResponse
+from django.utils import timezone
+
+from gateway import metrics
+from gateway.auth import Caller
+from gateway.usage import usage_records
+from llmgw import integers
+
+
+class Exchange:
+    """One request's bookkeeping: caller, model, timings, tokens; recorded once at the end."""
+
+    def __init__(self, path: str) -> None:
+        self.started = time.monotonic()
+        self.path = path
+        self.caller: Caller | None = None
+        self.model_name = "unknown"
+        self.model_label = "unknown"
+        self.replica_id: int | None = None
+        self.stream = False
+        self.ttft_s: float | None = None
+        self.overhead_s: float | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.content_chunks = 0
+        self.recorded = False
+
+    def note_usage(self, data: dict | None) -> None:
+        """Take token counts from an answer's ``usage``; values that are not counts (an
+        engine's or provider's "abc", -1, 1e30) are ignored, never stored."""
+        if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+            usage_ = data["usage"]
+            if (prompt := integers.count_or_none(usage_.get("prompt_tokens"))) is not None:
+                self.prompt_tokens = prompt
+            if (completion := integers.count_or_none(usage_.get("completion_tokens"))) is not None:
+                self.completion_tokens = completion
+
+    def finish(self, status: int) -> None:
+        if self.recorded:
+            return
+        self.recorded = True
+        total = time.monotonic() - self.started
+        metrics.REQUESTS.labels(self.model_label, str(status)).inc()
+        if self.model_label != "unknown":
+            metrics.LATENCY.labels(self.model_label).observe(total)
+            if self.ttft_s is not None:
+                metrics.TTFT.labels(self.model_label).observe(self.ttft_s)
+        if self.overhead_s is not None:
+            metrics.OVERHEAD.observe(self.overhead_s)
+        usage_records.add(
+            at=timezone.now(), key_id=self.caller.key_id if self.caller else None, model_name=self.model_name[:128],
+            replica_id=self.replica_id, path=self.path[:128], status=status, stream=self.stream,
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000, total_ms=total * 1000,
+            overhead_ms=None if self.overhead_s is None else self.overhead_s * 1000,
+        )
+
+    def answer(self, response: HttpResponse) -> HttpResponse:
+        self.finish(response.status_code)
+        return response
+

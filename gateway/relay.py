@@ -1,0 +1,163 @@
+"""Relaying an upstream's answer to the client: a whole JSON answer (bounded), or a stream of
+server-sent events event by event (``gateway.sse``); an engine's error in OpenAI's shape.
+
+A client that disconnects cancels the upstream request: the relay closes the upstream
+connection, so the engine sees the request end and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+
+from fleet import live
+from gateway import metrics, sse
+from gateway.errors import openai_error
+from gateway.exchange import Exchange
+from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
+
+log = logging.getLogger(__name__)
+
+
+def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse:
+    """An engine's error that is not in OpenAI's shape, in it (same status). Its own words
+    are kept: SGLang's and older vLLM's ``{"object": "error", "message", "code"}``, a
+    string ``error`` (Ollama and others), FastAPI's ``detail``; else the body's text."""
+    message = code = None
+    if isinstance(parsed, dict):
+        for field in ("message", "error", "detail"):
+            if isinstance(parsed.get(field), str) and parsed[field].strip():
+                message = parsed[field].strip()
+                break
+        else:
+            if parsed.get("detail") is not None:  # FastAPI's validation errors: a list
+                message = json.dumps(parsed["detail"])
+        code = parsed.get("code") if isinstance(parsed.get("code"), str) else None
+    if message is None:
+        message = raw.decode("utf-8", "replace").strip()
+    message = message[:1000]
+    if status == 404 and message in ("Not Found", ""):  # the web framework's: no such route
+        return openai_error(404, f"The engine serving '{ex.model_label}' has no endpoint /v1/{ex.path}.",
+                            code="unknown_endpoint")
+    return openai_error(status, message or f"The engine serving '{ex.model_label}' answered {status}.",
+                        code=code or "engine_error")
+
+
+async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
+                 extra: dict[str, str]) -> HttpResponse:
+    content_type = upstream.headers.get("content-type", "application/json")
+    if "text/event-stream" not in content_type:
+        read = False
+        try:
+            body = await read_bounded(upstream)
+            read = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("upstream answer broke off: %s", exc or type(exc).__name__)
+            return ex.answer(openai_error(502, f"The upstream answer broke off ({type(exc).__name__}).",
+                                          code="upstream_error"))
+        except asyncio.CancelledError:
+            ex.finish(499)  # the client went away; closing the upstream tells the engine
+            raise
+        finally:
+            if read:
+                upstream.release()  # back to the pool
+            else:
+                upstream.close()  # drop the connection: the engine sees the request end
+            if replica_id is not None:
+                live.end_request(replica_id)
+        ex.ttft_s = time.monotonic() - ex.started
+        parsed = None
+        if "json" in content_type:
+            try:
+                parsed = json.loads(body)
+                ex.note_usage(parsed)
+            except (ValueError, RecursionError):
+                pass
+        if upstream.status >= 400 and not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
+            # Not OpenAI's shape (FastAPI's {"detail": …}, a proxy's HTML page): put it in it.
+            error = _engine_error(upstream.status, ex, parsed, body)
+            copy_headers(upstream, error, extra)
+            return ex.answer(error)
+        response = HttpResponse(body, status=upstream.status, content_type=content_type)
+        copy_headers(upstream, response, extra)
+        return ex.answer(response)
+
+    if ex.model_label != "unknown":
+        metrics.IN_FLIGHT.labels(ex.model_label).inc()
+
+    async def events():
+        buffer = b""
+        status = upstream.status
+        complete_stream = False
+        done_sent = False  # the client has the stream's last event: it may hang up now
+        try:
+            async for chunk in upstream.content.iter_any():
+                if ex.ttft_s is None:
+                    ex.ttft_s = time.monotonic() - ex.started
+                buffer += chunk
+                complete, buffer = sse.split_events(buffer)
+                if len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
+                    raise UpstreamAnswerTooLarge(f"an event is over {settings.LLMGW_MAX_UPSTREAM_BODY_BYTES} bytes")
+                out = []
+                ends = False
+                for event in complete:
+                    if b'"usage"' in event:  # only these are parsed (usage, and the chunk to strip)
+                        data = sse.event_json(event)
+                        if data is not None and sse.is_usage_only(data):
+                            ex.note_usage(data)
+                            if strip_usage:
+                                continue
+                        elif data is not None and sse.has_content(data):
+                            ex.content_chunks += 1
+                    elif sse.may_have_content(event):
+                        ex.content_chunks += 1
+                    if (b"[DONE]" in event or b"event:" in event) and sse.is_done(event):
+                        ends = True
+                    out.append(event)
+                if out:
+                    yield b"".join(out)
+                    done_sent = done_sent or ends  # handed to the server
+            if buffer:
+                yield buffer
+            complete_stream = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if not done_sent:
+                # Nothing can be retried after the first byte: say so in the stream itself
+                # (an OpenAI-shaped error event) rather than end it as if it were complete.
+                log.warning("upstream stream broke: %s", exc)
+                status = 502
+                error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
+                                   "type": "api_error",
+                                   "param": None, "code": "upstream_stream_broken"}}
+                yield b"data: " + json.dumps(error).encode() + b"\n\n"
+            # else: the stream was whole ([DONE] sent); only the engine's goodbye was rough
+        except (asyncio.CancelledError, GeneratorExit):
+            if not done_sent:  # after [DONE], a client closing before the engine's EOF is done
+                status = 499  # the client went away; closing the upstream tells the engine
+            raise
+        finally:
+            if complete_stream:
+                upstream.release()
+            else:
+                upstream.close()  # drop the connection: the engine sees the request cancelled
+            if replica_id is not None:
+                live.end_request(replica_id)
+            if ex.model_label != "unknown":
+                metrics.IN_FLIGHT.labels(ex.model_label).dec()
+            if ex.completion_tokens is None and ex.content_chunks:
+                # Engines that send no usage chunk (llama-cpp-python): one token per chunk.
+                ex.completion_tokens = ex.content_chunks
+            ex.finish(status)
+
+    response = StreamingHttpResponse(events(), status=upstream.status, content_type=content_type)
+    copy_headers(upstream, response, extra)
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
