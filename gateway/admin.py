@@ -97,7 +97,7 @@ class PeriodFilter(admin.SimpleListFilter):
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("at", "key", "model_name", "replica_id", "status", "stream", "prompt_tokens",
+    list_display = ("at", "key", "model_name", "replica_id", "status", "upstream_status", "stream", "prompt_tokens",
                     "completion_tokens", "ttft_ms", "total_ms")
     list_filter = (PeriodFilter, "status", "stream", "model_name", "key")
     list_select_related = ("key",)

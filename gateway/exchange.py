@@ -24,6 +24,7 @@ class Exchange:
         self.model_name = "unknown"
         self.model_label = "unknown"
         self.replica_id: int | None = None
+        self.upstream_status: int | None = None
         self.stream = False
         self.ttft_s: float | None = None
         self.overhead_s: float | None = None
@@ -56,7 +57,8 @@ class Exchange:
             metrics.OVERHEAD.observe(self.overhead_s)
         usage_records.add(
             at=timezone.now(), key_id=self.caller.key_id if self.caller else None, model_name=self.model_name[:128],
-            replica_id=self.replica_id, path=self.path[:128], status=status, stream=self.stream,
+            replica_id=self.replica_id, path=self.path[:128], status=status, upstream_status=self.upstream_status,
+            stream=self.stream,
             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
             ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000, total_ms=total * 1000,
             overhead_ms=None if self.overhead_s is None else self.overhead_s * 1000,

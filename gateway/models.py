@@ -91,15 +91,19 @@ class ApiKey(models.Model):
 
 
 class UsageRecord(models.Model):
-    """One /v1/ request: who, which model and replica, the answer's status, tokens, timing.
-    Written in batches by the web process; flushed when it shuts down."""
+    """One /v1/ request: who, which model (its catalog name, whatever alias the client used)
+    and replica, the answer's status (and the upstream's, where it differs in meaning),
+    tokens, timing. Written in batches by the web process; flushed when it shuts down."""
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
     model_name = models.CharField(max_length=128, db_index=True)
     replica_id = models.PositiveIntegerField(null=True, blank=True)
     path = models.CharField(max_length=128)
-    status = models.PositiveSmallIntegerField()
+    status = models.PositiveSmallIntegerField(help_text="The status the client got.")
+    upstream_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The engine's (or external service's) own status, where one answered: an "
+        "engine's 500 reaches the client as 502 engine_error and is kept here as 500.")
     stream = models.BooleanField(default=False)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)

@@ -83,7 +83,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         model = await Model.aresolve(name)  # not sure from memory: ask the database
     if model is None:
         return ex.answer(openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model"))
-    ex.model_label = model.name
+    ex.model_name = ex.model_label = model.name  # recorded by its catalog name, not the alias asked for
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
     if not endpoints.served_by(model, path):  # before any upstream call, and the external key

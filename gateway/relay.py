@@ -52,6 +52,7 @@ def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse
 async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
                  extra: dict[str, str]) -> HttpResponse:
     content_type = upstream.headers.get("content-type", "application/json")
+    ex.upstream_status = upstream.status
     if "text/event-stream" not in content_type:
         read = False
         try:
