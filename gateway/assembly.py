@@ -49,7 +49,7 @@ def kind_of(path: str) -> Kind | None:
     return "chat" if name == "chat/completions" else "completion" if name == "completions" else None
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def make_usage(prompt_tokens: object, completion_tokens: object) -> dict:
     """OpenAI's ``usage`` object: ``{prompt_tokens, completion_tokens, total_tokens}``, the
     total always the sum. Counts that are not counts (negative, a bool, a string) are 0."""
     prompt = integers.count_or_none(prompt_tokens) or 0
@@ -259,7 +259,7 @@ class StreamAssembler:
         build = self._chat_choice if self.kind == "chat" else self._completion_choice
         answer["choices"] = [build(index, self._choices[index]) for index in sorted(self._choices)]
         if usage is None and self.usage is not None:
-            usage = make_usage(self.usage.get("prompt_tokens"), self.usage.get("completion_tokens"))  # type: ignore[arg-type]
+            usage = make_usage(self.usage.get("prompt_tokens"), self.usage.get("completion_tokens"))
         answer["usage"] = usage if usage is not None else make_usage(prompt_tokens or 0, self._content_chunks)
         return answer
 
@@ -415,7 +415,7 @@ async def merge_streams(streams: list[AsyncIterator[dict]], *, combine_usage: bo
     tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
     head: dict = {}
     last: dict | None = None
-    usages: list[dict] = []
+    usages: list[dict | None] = []
     try:
         running = len(tasks)
         while running:
@@ -439,7 +439,7 @@ async def merge_streams(streams: list[AsyncIterator[dict]], *, combine_usage: bo
             yield data
         if combine_usage and usages:
             final = {key: value for key, value in (last or {}).items() if key not in ("choices", "usage")}
-            yield {**final, "choices": [], "usage": merge_usage(usages)}  # type: ignore[arg-type]
+            yield {**final, "choices": [], "usage": merge_usage(list(usages))}
     finally:
         for task in tasks:
             task.cancel()
@@ -468,7 +468,7 @@ def usage_chunk(last_chunk: dict | None, usage: dict, kind: str, *, model: str =
     if last.get("system_fingerprint") is not None:
         data["system_fingerprint"] = last["system_fingerprint"]
     data["choices"] = []
-    data["usage"] = make_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))  # type: ignore[arg-type]
+    data["usage"] = make_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
     return encode_event(data)
 
 

@@ -92,7 +92,8 @@ CHAT_CASES = [
           "logprobs": None, "finish_reason": "function_call"}],
         id="deprecated function_call"),
     pytest.param(
-        [chat(delta(role="assistant", refusal="I can")), chat(delta(refusal="not.")), chat(delta(finish_reason="stop"))],
+        [chat(delta(role="assistant", refusal="I can")), chat(delta(refusal="not.")),
+         chat(delta(finish_reason="stop"))],
         [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": "I cannot."},
           "logprobs": None, "finish_reason": "stop"}],
         id="refusal"),
@@ -364,7 +365,8 @@ async def test_merged_streams_reindex_each_stream_and_combine_usage():
 
 
 async def test_merged_streams_without_usage_add_no_usage_chunk():
-    chunks = await asyncio.wait_for(collect(merge_streams([Stream(stream_of("a", "1")), Stream(stream_of("b", "2"))])), 30)
+    streams = [Stream(stream_of("a", "1")), Stream(stream_of("b", "2"))]
+    chunks = await asyncio.wait_for(collect(merge_streams(streams)), 30)
     assert all("usage" not in chunk for chunk in chunks) and len(chunks) == 6
 
 
