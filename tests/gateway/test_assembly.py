@@ -481,3 +481,7 @@ PROMPTS = [
 def test_the_prompt_to_count(path, body, text_, token_ids):
     assert prompt_text(path, body) == text_
     assert prompt_token_ids_count(path, body) == token_ids
+
+
+async def test_no_streams_merge_into_an_empty_stream():
+    assert await asyncio.wait_for(collect(merge_streams([])), 30) == []
