@@ -73,7 +73,6 @@ def parse_body(request: HttpRequest) -> dict | HttpResponse:
     return body
 
 
-
 def _positive_int(value) -> bool:
     return validation.is_integer(value) and value > 0  # 16.0 is a limit too
 
@@ -100,14 +99,29 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
             patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
             strip_usage = True
     if bound:
-        given, newer = body.get("max_tokens"), body.get("max_completion_tokens")
-        limit = None
-        if not _positive_int(given) and _positive_int(newer):
-            limit = newer
-        elif not _positive_int(given) and default_max_tokens:
-            limit = default_max_tokens
+        limit = token_bound(body, default_max_tokens)
         if limit is not None:
             patched = dict(body) if patched is None else patched
             patched["max_tokens"] = limit
     return (raw if patched is None else json.dumps(patched).encode()), strip_usage
 
+
+
+def token_bound(body: dict, default_max_tokens: int | None) -> int | None:
+    """The ``max_tokens`` the gateway sets on a generating request to a replica served here,
+    or None to leave the body alone: ``max_completion_tokens`` when only it is given
+    (llama-cpp-python's server ignores the newer name), else the model's
+    ``default_max_tokens`` when the request names no limit (see :func:`upstream_body`)."""
+    given, newer = body.get("max_tokens"), body.get("max_completion_tokens")
+    if _positive_int(given):
+        return None
+    if _positive_int(newer):
+        return newer
+    return default_max_tokens or None
+
+
+def asks_usage(body: dict) -> bool:
+    """Whether a streamed request asks for the final usage chunk
+    (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True

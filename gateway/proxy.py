@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 import aiohttp
 from asgiref.sync import sync_to_async
@@ -38,9 +37,9 @@ from django.utils import timezone
 from catalog.models import Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
-from gateway import cache, endpoints, held, metrics, validation
+from gateway import cache, calls, endpoints, held, metrics, validation
 from gateway.auth import authenticate, forbidden
-from gateway.bodies import body_limit_error, parse_body, upstream_body
+from gateway.bodies import asks_usage, body_limit_error, parse_body, token_bound, upstream_body
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import relay
@@ -95,8 +94,8 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return ex.answer(openai_error(400, message, code=code, param=param))
     generates = path in _STREAMABLE
     ex.stream = bool(body.get("stream")) and generates
-    content, strip_usage = upstream_body(body, request.body, ex.stream, generates and not model.is_external,
-                                          model.default_max_tokens)
+    served_here = generates and not model.is_external
+    content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens)
     headers = request_headers(request, model)
     query = client_query(request)
     if model.is_external:
@@ -122,7 +121,29 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         raise
     if isinstance(found, HttpResponse):
         return ex.answer(found)
-    return await _forward(model, Outgoing(path, query, content, headers, strip_usage), found, ex)
+    how = _composition(model, body, ex.stream) if served_here else None
+    if how is not None:
+        return await calls.compose(model, path, body, query, headers, found, ex, how,
+                                   token_bound(body, model.default_max_tokens))
+    add_usage = ex.stream and asks_usage(body)
+    return await calls.forward(model, calls.Outgoing(path, query, content, headers, strip_usage), found, ex,
+                               add_usage=add_usage)
+
+
+def _composition(model, body: dict, stream: bool) -> calls.Composition | None:
+    """How the gateway builds the answer itself for an engine that would not give it as
+    OpenAI does (``gateway.calls``), or None to relay the engine's own: ``n`` > 1 on an
+    engine that ignores it, a non-streamed request to one that cannot cancel it, a usage
+    chunk asked of one whose streams carry none. The engine's traits come from its profile
+    (``serves_n``, ``cancels_unstreamed``, ``streams_usage``; all true when unknown)."""
+    n = body.get("n")
+    legs = int(n) if validation.is_integer(n) and n > 1 and not getattr(model, "serves_n", True) else 1
+    include_usage = stream and asks_usage(body)
+    if (legs > 1 or (not stream and not getattr(model, "cancels_unstreamed", True))
+            or (include_usage and not getattr(model, "streams_usage", True))):
+        return calls.Composition(legs, stream, include_usage, getattr(model, "tokenize_path", None),
+                                 getattr(model, "engine", None))
+    return None
 
 
 async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:
@@ -195,65 +216,6 @@ async def _want(model_id: int) -> None:
 
         task.add_done_callback(done)
     await asyncio.shield(task)
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """What goes upstream for one request: the endpoint (``chat/completions``), the client's
-    query string as sent, the body's bytes, the headers, and whether the gateway asked for
-    the stream's usage chunk itself (then it is dropped again before the client sees it)."""
-
-    path: str
-    query: bytes
-    content: bytes
-    headers: dict[str, str]
-    strip_usage: bool
-
-
-async def _forward(model: Model | cache.CachedModel, out: Outgoing, endpoint: Endpoint, ex: Exchange) -> HttpResponse:
-    """``out`` sent to ``endpoint`` (a ready replica of ``model``), the answer relayed; a
-    connection refused before any byte is retried once on another ready replica."""
-    tried: set[int] = set()
-    ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
-    while True:
-        tried.add(endpoint.replica_id)
-        live.begin_request(endpoint.replica_id)
-        try:
-            # The replica's engine key, never the client's credentials (docs/architecture.md,
-            # "Gateway rules": external models; "Security": engine keys).
-            headers = {**out.headers, "authorization": f"Bearer {endpoint.key}"} if endpoint.key else out.headers
-            upstream = await open_upstream(upstream_url(f"{endpoint.url}/v1/{out.path}", out.query), out.content,
-                                           headers)
-            break
-        except asyncio.CancelledError:
-            # The client went away before the engine's headers (a non-streamed answer sends
-            # them only when done): count the request out, or the replica never looks idle.
-            live.end_request(endpoint.replica_id)
-            ex.replica_id = endpoint.replica_id
-            ex.finish(499)
-            raise
-        except Refused as exc:
-            live.end_request(endpoint.replica_id)
-            log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
-            other = choose(live.current_view().routes.get(model.id, ()), exclude=tried)
-            if other is None or len(tried) >= 2:
-                return ex.answer(openai_error(502, f"The replica serving '{model.name}' is not reachable.",
-                                              code="upstream_unreachable"))
-            endpoint = other
-        except asyncio.TimeoutError:
-            live.end_request(endpoint.replica_id)
-            return ex.answer(openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
-                                          code="upstream_timeout"))
-        except aiohttp.ClientError as exc:
-            live.end_request(endpoint.replica_id)
-            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
-            return ex.answer(openai_error(502, f"The replica serving '{model.name}' failed "
-                                               f"({type(exc).__name__}).", code="upstream_error"))
-    ex.replica_id = endpoint.replica_id
-    return await relay(upstream, ex, endpoint.replica_id, out.strip_usage, {
-        "X-Llmgw-Replica": f"{endpoint.replica_id}@{endpoint.agent_name}",
-        "X-Llmgw-Overhead-Ms": f"{ex.overhead_s * 1000:.2f}",
-    })
 
 
 def _model_object(model: Model) -> dict:

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import live
-from gateway import metrics, sse
+from gateway import assembly, metrics, sse
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
@@ -49,11 +49,32 @@ def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse
                         code=code or "engine_error")
 
 
+def engine_error_response(status: int, content_type: str, raw: bytes, ex: Exchange) -> HttpResponse:
+    """An upstream's error answer (``status`` ≥ 400, its body ``raw``) as the client gets it:
+    OpenAI's shape, a 4xx kept as a 4xx, an engine's validation failure a 400, any other 5xx
+    a 502 ``engine_error`` with the engine's message on one line (docs/architecture.md,
+    "Gateway rules": errors). An answer already in OpenAI's shape with a 4xx passes as sent."""
+    parsed = None
+    if "json" in content_type:
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError):
+            pass
+    if status < 500 and isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return HttpResponse(raw, status=status, content_type=content_type)
+    return _engine_error(status, ex, parsed, raw)
+
+
 async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
-                 extra: dict[str, str]) -> HttpResponse:
+                extra: dict[str, str], add_usage: bool = False) -> HttpResponse:
+    """The upstream's answer relayed to the client: a JSON answer read whole (bounded) and
+    sent as it came, an error answer mapped (:func:`engine_error_response`), a stream event
+    by event (``strip_usage``: drop the usage chunk the gateway asked for; ``add_usage``:
+    the client asked for one, added before ``[DONE]`` if the engine sent none). ``extra``
+    headers are set on the answer; ``replica_id``'s request is counted out at the end."""
     content_type = upstream.headers.get("content-type", "application/json")
     ex.upstream_status = upstream.status
-    if "text/event-stream" not in content_type:
+    if "text/event-stream" not in content_type or upstream.status >= 400:
         read = False
         try:
             body = await read_bounded(upstream)
@@ -80,9 +101,8 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                 ex.note_usage(parsed)
             except (ValueError, RecursionError):
                 pass
-        if upstream.status >= 400 and not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
-            # Not OpenAI's shape (FastAPI's {"detail": …}, a proxy's HTML page): put it in it.
-            error = _engine_error(upstream.status, ex, parsed, body)
+        if upstream.status >= 400:
+            error = engine_error_response(upstream.status, content_type, body, ex)
             copy_headers(upstream, error, extra)
             return ex.answer(error)
         response = HttpResponse(body, status=upstream.status, content_type=content_type)
@@ -97,6 +117,8 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
         status = upstream.status
         complete_stream = False
         done_sent = False  # the client has the stream's last event: it may hang up now
+        usage_seen = False
+        kind = assembly.kind_of(ex.path)
         try:
             async for chunk in upstream.content.iter_any():
                 if ex.ttft_s is None:
@@ -112,6 +134,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                         data = sse.event_json(event)
                         if data is not None and sse.is_usage_only(data):
                             ex.note_usage(data)
+                            usage_seen = True
                             if strip_usage:
                                 continue
                         elif data is not None and sse.has_content(data):
@@ -120,6 +143,11 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                         ex.content_chunks += 1
                     if (b"[DONE]" in event or b"event:" in event) and sse.is_done(event):
                         ends = True
+                        if add_usage and not usage_seen and kind is not None:
+                            # The client asked for usage and the engine sent none: count it.
+                            out.append(assembly.usage_chunk(None, assembly.make_usage(0, ex.content_chunks), kind,
+                                                            model=ex.model_label))
+                            usage_seen = True
                     out.append(event)
                 if out:
                     yield b"".join(out)
