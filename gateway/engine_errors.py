@@ -20,6 +20,7 @@ no file paths. Everything here is pure: bytes in, a tuple out.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -35,7 +36,8 @@ _CONTEXT_PATTERNS = (
     re.compile(r"is longer than the model's context length", re.I),  # SGLang
     re.compile(r"context[_ ]length[_ ]exceeded", re.I),
 )
-_PYDANTIC_HEADER = re.compile(r"\b(\d+) validation errors? for [\w.\[\]]+", re.I)
+# pydantic's "1 validation error for Model", FastAPI's str(): "2 validation errors:".
+_PYDANTIC_HEADER = re.compile(r"\b(\d+) validation errors?(?: for [\w.\[\]]+|:)", re.I)
 _PYDANTIC_TYPE = re.compile(r"\s*\[type=([\w.]+)[^\]]*\]")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 _FILE_FRAME = re.compile(r'File "[^"]*", line \d+(?:, in [\w<>.]+)?')
@@ -63,14 +65,15 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
     ``MESSAGE_MAX_CHARS`` characters plus a short prefix, OpenAI's ``code`` (the engine's own
     string code where it gave one, else ``invalid_type``, ``invalid_value``,
     ``missing_required_parameter``, ``context_length_exceeded``, ``unknown_endpoint``,
-    ``rate_limit_exceeded`` or ``engine_error``), and ``param`` (``"max_tokens"``,
+    ``model_not_found``, ``rate_limit_exceeded`` or ``engine_error``), and ``param`` (``"max_tokens"``,
     ``"messages[0].role"``) or None. Raises nothing, whatever the bytes.
     """
     endpoint = "/v1/" + path.lstrip("/").removeprefix("v1/")
     parsed = _parse(content_type, body)
     message, code, param, problems = _read(parsed)
     if message is None and not problems:
-        text = "" if parsed is not None or _HTML.match(body) else body.decode("utf-8", "replace")
+        said_json = "json" in (content_type or "").lower()
+        text = "" if parsed is not None or said_json or _HTML.match(body) else body.decode("utf-8", "replace")
         message = text if text.strip() and _printable(text) else None
 
     validation = bool(problems) or (message is not None and _looks_like_validation(message))
@@ -87,6 +90,8 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
                 "engine_error", None)
     if validation:
         return 400, one_line(message), code or "invalid_value", param
+    if status == 404 and code is None and message and re.search(r"\bmodel\b.*\b(?:does not exist|not found)", message, re.I):
+        code = "model_not_found"
     if 400 <= status < 500:
         line = one_line(message) if message else (
             f"The engine serving '{model}' answered {status} to {endpoint}{_no_message(content_type, body)}.")
@@ -202,6 +207,14 @@ def _pydantic_problems(message: str) -> list[dict]:
     lines = message[match.end():].splitlines()
     problems, loc = [], None
     for line in lines:
+        if line.strip().startswith("{") and len(line) < 5000:  # FastAPI's str(): one dict a line
+            try:
+                item = ast.literal_eval(line.strip())
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                item = None
+            if isinstance(item, dict):
+                problems.append(item)
+                continue
         if not line.strip() or line.lstrip().startswith("For further information"):
             continue
         if not line.startswith(" "):
@@ -256,6 +269,8 @@ def _no_message(content_type: str, body: bytes) -> str:
         return " with an empty body"
     if _HTML.match(body) or media == "text/html":
         return " with an HTML page instead of an error"
+    if "json" in media and _parse(content_type, body) is None:
+        return " with a broken JSON body"
     return f" without an error message ({media})" if re.fullmatch(r"[\w.+\-]+/[\w.+\-]+", media) else \
         " without an error message"
 
