@@ -82,7 +82,12 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
     elif validation:  # pydantic's text dump, or the engine's "Invalid request…"
         message, code, param = _describe(_pydantic_problems(message), param, fallback=message)
     if message is not None and any(p.search(message) for p in _CONTEXT_PATTERNS):
-        return 400, one_line(message), "context_length_exceeded", param or _input_param(endpoint)
+        if param in (None, "messages", "prompt", "input"):  # llama-cpp-python says "messages" for a prompt
+            param = _input_param(endpoint)
+        return 400, one_line(message), "context_length_exceeded", param
+    if message is not None and "surrogates not allowed" in message:  # llama-cpp-python: 500
+        return (400, "The request contains a lone UTF-16 surrogate (such as \\ud800), which is not valid "
+                     "Unicode text.", "invalid_value", None)
     if status == 404 and (message is None or message.strip() in ("Not Found", "404 page not found")):
         return 404, f"The engine serving '{model}' has no endpoint {endpoint}.", "unknown_endpoint", None
     if status in (401, 403):
@@ -231,24 +236,51 @@ def _pydantic_problems(message: str) -> list[dict]:
 
 def _describe(problems: list[dict], param: str | None, fallback: str | None = None
               ) -> tuple[str, str, str | None]:
-    """One line naming the first problem, OpenAI's code for it, and its param."""
+    """One line naming the first problem, OpenAI's code for it, and its param.
+
+    Pydantic reports a value that fits no member of a union once per member (llama-cpp-python's
+    seven errors for one unknown ``role``); those are one problem: the expected literals are
+    joined ("Input should be 'system', 'user' or 'tool'") and the union's other members'
+    complaints are not counted as more problems."""
     if not problems:
         line = fallback or "The request is not valid."
         return line, "invalid_value", param
     first = problems[0]
     where = param_from_loc(first.get("loc")) or param
+    union = _union_prefix(first.get("loc"))
     kind = str(first.get("type") or "")
     text = " ".join(str(first.get("msg") or "is not valid").split()).rstrip(".")
+    same = [p for p in problems if param_from_loc(p.get("loc")) == where and p.get("type") == kind]
+    if kind == "literal_error" and len(same) > 1:
+        expected = []
+        for p in same:
+            value = str(p.get("msg") or "").removeprefix("Input should be ").strip()
+            if value and value not in expected:
+                expected.append(value)
+        text = "Input should be " + (", ".join(expected[:-1]) + " or " + expected[-1] if len(expected) > 1
+                                     else expected[0])
     if kind in _MISSING_TYPES:
         code, line = "missing_required_parameter", f"Missing required parameter: '{where}'."
     else:
         code = "invalid_type" if kind.endswith(_TYPE_SUFFIXES) else "invalid_value"
         word = "type" if code == "invalid_type" else "value"
         line = f"Invalid {word} for '{where}': {text}." if where else f"Invalid request: {text}."
-    others = len(problems) - 1
+    others = sum(1 for p in problems[1:] if p not in same
+                 and not (union is not None and _union_prefix(p.get("loc")) == union))
     if others:
         line += f" ({others} more problem{'s' if others > 1 else ''} in the request.)"
     return line, code, where
+
+
+def _union_prefix(loc) -> str | None:
+    """The param up to the first union tag in ``loc`` (``messages[0]`` for
+    ``body.messages.0.ChatCompletionRequestUserMessage.role``), or None without one."""
+    if not isinstance(loc, (list, tuple)):
+        return None
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and i and not _is_field_name(part) and part not in ("body", "query"):
+            return param_from_loc(list(loc[:i])) or ""
+    return None
 
 
 def _is_field_name(part: str) -> bool:

@@ -313,3 +313,24 @@ def test_fake_engine_logs_a_cancelled_non_streamed_request(start_engine, tmp_pat
     status, _, _ = _post(port, "/v1/chat/completions", {"messages": [], "max_tokens": 1})
     assert status == 200
     assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["cancelled", "completed"]
+
+
+# ------------------------------------------------------- llama-cpp-python's captured quirks
+def test_an_unknown_role_is_one_problem_listing_the_roles_pydantics_union_allows():
+    body = (FIXTURES / "llama_cpp_python_unknown_role.json").read_bytes()
+    assert map_engine_error(500, "application/json", body, "gemma", "chat/completions") == (
+        400, "Invalid value for 'messages[0].role': Input should be 'system', 'user', 'assistant', 'tool' or "
+             "'function'.", "invalid_value", "messages[0].role")
+
+
+def test_llama_cpp_pythons_500_for_a_wrong_type_loses_its_file_and_line():
+    body = (FIXTURES / "llama_cpp_python_max_tokens_string.json").read_bytes()
+    assert b"line 376" in body  # the engine's own words carry a frame of its traceback
+    _, message, _, _ = map_engine_error(500, "application/json", body, "gemma", "chat/completions")
+    assert "line" not in message and "PATH" not in message
+
+
+def test_a_lone_surrogate_is_the_clients_400_not_an_engine_failure():
+    body = (FIXTURES / "llama_cpp_python_lone_surrogate.json").read_bytes()
+    status, message, code, _ = map_engine_error(500, "application/json", body, "gemma", "chat/completions")
+    assert (status, code) == (400, "invalid_value") and "surrogate" in message
