@@ -26,6 +26,17 @@ listening nowhere, when its port is taken (an engine that cannot bind and does n
 
 For the soak (tests/soak.py): --echo-pid puts ``system_fingerprint: fake-engine-pid-PID``
 in completions (chunks too), naming the process that answered.
+
+For error mapping and the engines' quirks (issue 15; gateway/engine_errors.py):
+--error-status S --error-body TEXT|@FILE [--error-content-type T] answers every inference POST
+with status S and exactly that body (tests/fixtures/engine_errors/ has real ones);
+--fastapi-422 answers 422 with FastAPI's validation ``detail`` list for max_tokens, as vLLM
+and llama-cpp-python do; by default ``n`` is ignored (one choice, as llama-cpp-python does),
+--honor-n returns n choices (as vLLM does); --no-usage-chunk never sends the usage chunk,
+even when stream_options.include_usage asks for it; --cancel-log PATH (or the environment's
+FAKE_ENGINE_CANCEL_LOG) watches the socket of a non-streamed request while it "generates"
+(--token-delay-ms per token) and appends a JSON line "cancelled" (the client closed first)
+or "completed" to PATH.
 """
 import argparse
 import asyncio
@@ -40,8 +51,8 @@ import sys
 import time
 import uuid
 
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 422: "Unprocessable Entity",
+           429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
 TOOL_ARGS = ['{"city', '": "', 'Par', 'is"}']  # joined: {"city": "Paris"}
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
@@ -133,10 +144,18 @@ class Engine:
                     authorization=getattr(self, "authorization", ""),
                     content_type=getattr(self, "content_type", ""),
                     stream_options=req.get("stream_options"), max_tokens=req.get("max_tokens"),
-                    max_completion_tokens=req.get("max_completion_tokens"))
+                    max_completion_tokens=req.get("max_completion_tokens"), n=req.get("n"))
         if self.args.fail_status:
             code = self.args.fail_status
             return await send_json(writer, code, error_body("fake failure", "fake", code), keep)
+        if self.args.error_status:  # a given engine's own error answer, byte for byte
+            return await send(writer, self.args.error_status, error_bytes(self.args.error_body),
+                              self.args.error_content_type, keep)
+        if self.args.fastapi_422:
+            return await send_json(writer, 422, {"detail": [{
+                "type": "int_parsing", "loc": ["body", "max_tokens"],
+                "msg": "Input should be a valid integer, unable to parse string as an integer",
+                "input": req.get("max_tokens")}]}, keep)
         self.waiting += 1
         try:
             if self.sem:
@@ -150,7 +169,7 @@ class Engine:
             elif stream:
                 ok = await self.stream(path, req, reader, writer)
             else:
-                ok = await self.complete(path, req, writer, keep)
+                ok = await self.complete(path, req, reader, writer, keep)
             self.record("completed", path=path)
             return ok
         except (ConnectionError, OSError, ClientGone):
@@ -212,10 +231,14 @@ class Engine:
     def tool_mode(self, path):
         return self.args.tool_call and path == "/v1/chat/completions"
 
-    async def complete(self, path, req, writer, keep):
+    async def complete(self, path, req, reader, writer, keep):
         pieces, finish = self.pieces(req.get("max_tokens"))
         if self.args.token_delay_ms:
-            await asyncio.sleep(len(pieces) * self.args.token_delay_ms / 1000)
+            delay_s = len(pieces) * self.args.token_delay_ms / 1000
+            if self.args.cancel_log:
+                keep = await self.generate_watching(path, delay_s, reader, writer) and keep
+            else:
+                await asyncio.sleep(delay_s)
         resp = self.base(path, req)
         if self.tool_mode(path):
             call = {"id": "call_1", "type": "function",
@@ -231,9 +254,33 @@ class Engine:
             choice = {"index": 0, "text": "".join(pieces), "logprobs": None, "finish_reason": finish}
             n_out = len(pieces)
         p = self.prompt_tokens(path, req)
-        resp["choices"] = [choice]
-        resp["usage"] = {"prompt_tokens": p, "completion_tokens": n_out, "total_tokens": p + n_out}
+        n = req.get("n") if self.args.honor_n and isinstance(req.get("n"), int) and req.get("n") > 1 else 1
+        resp["choices"] = [{**choice, "index": i} for i in range(n)]
+        resp["usage"] = {"prompt_tokens": p, "completion_tokens": n_out * n, "total_tokens": p + n_out * n}
         return await send_json(writer, 200, resp, keep)
+
+    async def generate_watching(self, path, delay_s, reader, writer) -> bool:
+        """Sleep ``delay_s`` ("generating") while watching the socket; log "cancelled" and
+        raise ClientGone if the client closes it first, else log "completed". False when the
+        watcher swallowed bytes of a pipelined request (the connection must not be reused)."""
+        started = time.monotonic()
+        watcher = asyncio.ensure_future(reader.read(65536))
+        try:
+            await asyncio.wait({watcher}, timeout=delay_s)
+            try:
+                self.check_alive(watcher, writer)
+            except ClientGone:
+                self.log_cancel("cancelled", path, started)
+                raise
+            self.log_cancel("completed", path, started)
+        finally:
+            swallowed = await self.stop_watching(watcher)
+        return not swallowed
+
+    def log_cancel(self, event, path, started):
+        with open(self.args.cancel_log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": event, "path": path, "stream": False,
+                                "after_s": round(time.monotonic() - started, 3)}) + "\n")
 
     async def stream(self, path, req, reader, writer):
         chat = path == "/v1/chat/completions"
@@ -274,7 +321,7 @@ class Engine:
             last = ({"index": 0, "delta": {}, "finish_reason": finish} if chat else
                     {"index": 0, "text": "", "logprobs": None, "finish_reason": finish})
             await self.write_event(writer, dumps({**head, "choices": [last]}))
-            if (req.get("stream_options") or {}).get("include_usage"):
+            if (req.get("stream_options") or {}).get("include_usage") and not self.args.no_usage_chunk:
                 p, n = self.prompt_tokens(path, req), len(pieces)
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 await self.write_event(writer, dumps({**head, "choices": [], "usage": usage}))
@@ -365,6 +412,14 @@ async def send(writer, status, body, ctype, keep):
     return keep
 
 
+def error_bytes(spec):
+    """--error-body: the text itself, or the bytes of the file after '@'."""
+    if spec.startswith("@"):
+        with open(spec[1:], "rb") as f:
+            return f.read()
+    return spec.encode()
+
+
 async def send_json(writer, status, obj, keep):
     return await send(writer, status, dumps(obj), "application/json", keep)
 
@@ -395,6 +450,17 @@ def parse_args(argv=None):
     # The soak (tests/soak.py): answers name the process that gave them.
     p.add_argument("--echo-pid", action="store_true",
                    help="completions carry system_fingerprint 'fake-engine-pid-PID' (default off)")
+    # Engines' errors and quirks (issue 15).
+    p.add_argument("--error-status", type=int, default=0,
+                   help="answer every inference POST with this status and --error-body")
+    p.add_argument("--error-body", default='{"detail":"fake failure"}', help="the body: text, or @FILE")
+    p.add_argument("--error-content-type", default="application/json")
+    p.add_argument("--fastapi-422", action="store_true", help="answer 422 with FastAPI's detail list")
+    p.add_argument("--honor-n", action="store_true", help="n choices (default: n is ignored, one choice)")
+    p.add_argument("--no-usage-chunk", action="store_true",
+                   help="no usage chunk in streams, even when include_usage asks for it")
+    p.add_argument("--cancel-log", default=os.environ.get("FAKE_ENGINE_CANCEL_LOG") or None,
+                   help="log cancelled/completed non-streamed requests here (JSON lines)")
     return p.parse_args(argv)
 
 
