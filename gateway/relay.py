@@ -18,6 +18,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import live
 from gateway import assembly, metrics, sse
+from gateway.engine_errors import map_engine_error
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
@@ -25,44 +26,15 @@ from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
 log = logging.getLogger(__name__)
 
 
-def _engine_error(status: int, ex: Exchange, parsed, raw: bytes) -> HttpResponse:
-    """An engine's error that is not in OpenAI's shape, in it (same status). Its own words
-    are kept: SGLang's and older vLLM's ``{"object": "error", "message", "code"}``, a
-    string ``error`` (Ollama and others), FastAPI's ``detail``; else the body's text."""
-    message = code = None
-    if isinstance(parsed, dict):
-        for field in ("message", "error", "detail"):
-            if isinstance(parsed.get(field), str) and parsed[field].strip():
-                message = parsed[field].strip()
-                break
-        else:
-            if parsed.get("detail") is not None:  # FastAPI's validation errors: a list
-                message = json.dumps(parsed["detail"])
-        code = parsed.get("code") if isinstance(parsed.get("code"), str) else None
-    if message is None:
-        message = raw.decode("utf-8", "replace").strip()
-    message = message[:1000]
-    if status == 404 and message in ("Not Found", ""):  # the web framework's: no such route
-        return openai_error(404, f"The engine serving '{ex.model_label}' has no endpoint /v1/{ex.path}.",
-                            code="unknown_endpoint")
-    return openai_error(status, message or f"The engine serving '{ex.model_label}' answered {status}.",
-                        code=code or "engine_error")
-
-
 def engine_error_response(status: int, content_type: str, raw: bytes, ex: Exchange) -> HttpResponse:
-    """An upstream's error answer (``status`` ≥ 400, its body ``raw``) as the client gets it:
-    OpenAI's shape, a 4xx kept as a 4xx, an engine's validation failure a 400, any other 5xx
-    a 502 ``engine_error`` with the engine's message on one line (docs/architecture.md,
-    "Gateway rules": errors). An answer already in OpenAI's shape with a 4xx passes as sent."""
-    parsed = None
-    if "json" in content_type:
-        try:
-            parsed = json.loads(raw)
-        except (ValueError, RecursionError):
-            pass
-    if status < 500 and isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return HttpResponse(raw, status=status, content_type=content_type)
-    return _engine_error(status, ex, parsed, raw)
+    """An upstream's error answer (``status`` ≥ 400, its body ``raw``) as the client gets it,
+    by ``gateway.engine_errors.map_engine_error``: OpenAI's shape, a 4xx kept as a 4xx (422
+    as 400), an engine's validation failure a 400, a context-length complaint 400
+    ``context_length_exceeded``, any other 5xx (and the engine refusing the gateway's own
+    key) a 502 ``engine_error`` with the engine's message on one line (docs/architecture.md,
+    "Gateway rules": errors). The usage record keeps the upstream's own status."""
+    status, message, code, param = map_engine_error(status, content_type, raw, ex.model_label, ex.path)
+    return openai_error(status, message, code=code, param=param)
 
 
 async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,

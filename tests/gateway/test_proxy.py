@@ -142,8 +142,9 @@ def test_an_external_model_is_forwarded_under_its_own_key(oai, servers):
 
 def test_an_external_upstreams_error_status_comes_back_as_it_is(servers, key, models):
     Model.objects.filter(name="ext").update(external_base_url=f"http://127.0.0.1:{servers['ports']['limited']}/v1")
-    r = post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key)
-    assert r.status_code == 429
+    # External models come from the in-memory view: the edit applies within a refresh.
+    wait_until(lambda: post(servers, "/v1/chat/completions", {"model": "ext", "messages": HI}, key).status_code == 429,
+               timeout_s=10, what="the external model's new URL to apply")
 
 
 # --- streaming, exactly ------------------------------------------------------------------------------

@@ -60,27 +60,29 @@ def test_only_counts_are_taken_as_token_usage():
     assert (ex.prompt_tokens, ex.completion_tokens) == (7, 3)
 
 
-@pytest.mark.parametrize("status, body, message, code", [
+@pytest.mark.parametrize("status, body, sent, message, code", [
     (400, {"object": "error", "message": "This model's maximum context length is 2048", "type": "BadRequestError",
-           "code": 400}, "This model's maximum context length is 2048", "engine_error"),
-    (400, {"error": "context length exceeded: 5000 > 4096"}, "context length exceeded: 5000 > 4096", "engine_error"),
-    (404, {"error": "model 'x' not found"}, "model 'x' not found", "engine_error"),
-    (404, {"detail": "Not Found"}, "has no endpoint /v1/foo", "unknown_endpoint"),
-    (422, {"detail": [{"loc": ["body", "n"], "msg": "bad"}]}, '"msg": "bad"', "engine_error"),
-    (503, None, "upstream busy", "engine_error"),
-    (500, None, "answered 500", "engine_error"),
+           "code": 400}, 400, "This model's maximum context length is 2048", "context_length_exceeded"),
+    (400, {"error": "context length exceeded: 5000 > 4096"}, 400, "context length exceeded: 5000 > 4096",
+     "context_length_exceeded"),
+    (404, {"error": "model 'x' not found"}, 404, "model 'x' not found", "model_not_found"),
+    (404, {"detail": "Not Found"}, 404, "has no endpoint /v1/foo", "unknown_endpoint"),
+    (422, {"detail": [{"loc": ["body", "n"], "msg": "bad", "type": "int_type"}]}, 400, "bad", None),
+    (503, None, 502, "upstream busy", "engine_error"),
+    (500, None, 502, "failed (500)", "engine_error"),
 ])
-def test_an_engines_error_keeps_its_own_words_in_openais_shape(status, body, message, code):
+def test_an_engines_error_keeps_its_own_words_in_openais_shape(status, body, sent, message, code):
     import json
 
-    from gateway.relay import _engine_error
+    from gateway.relay import engine_error_response
 
     ex = Exchange("foo")
     ex.model_label = "m"
     raw = json.dumps(body).encode() if body is not None else (b"upstream busy" if status == 503 else b"")
-    answer = _engine_error(status, ex, body, raw)
+    answer = engine_error_response(status, "application/json" if body is not None else "text/plain", raw, ex)
     error = json.loads(answer.content)["error"]
-    assert answer.status_code == status and message in error["message"] and error["code"] == code
+    assert answer.status_code == sent and message in error["message"], error
+    assert code is None or error["code"] == code, error
 
 
 def test_the_events_that_end_a_stream():

@@ -139,3 +139,65 @@ def test_the_real_engine_refuses_a_request_to_its_port_without_the_key(cluster):
     client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"])
     assert client.chat.completions.create(model="gemma-3-270m", max_tokens=2,
                                           messages=[{"role": "user", "content": "Hi"}]).choices
+
+
+# --- the engine boundary (issue 15): what the openai SDK sees from the real llama.cpp server ---
+
+NO_END = {"1": -100, "106": -100}  # Gemma's <eos> and <end_of_turn>: the answer cannot stop early
+
+
+def _abandon(cluster, stream: bool) -> None:
+    """Send a request that would generate for minutes, and hang up after a second."""
+    import httpx
+
+    body = {"model": "gemma-3-270m", "prompt": "Count: 1, 2, 3,", "max_tokens": 1500, "logit_bias": NO_END,
+            "stream": stream}
+    headers = {"Authorization": f"Bearer {cluster['key']}"}
+    with httpx.Client(base_url=cluster["url"], timeout=httpx.Timeout(120, read=1.0)) as client:
+        try:
+            with client.stream("POST", "/v1/completions", json=body, headers=headers) as answer:
+                for _ in answer.iter_bytes():
+                    break  # the first bytes of a stream: the engine is generating
+        except httpx.ReadTimeout:
+            pass  # a non-streamed answer: nothing comes until it is done
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_stops_the_engine_the_next_request_does_not_wait(cluster, stream):
+    """Measured with the real engine, which serves one request at a time: the request after
+    an abandoned 1,500-token one (over a minute of generation on these CPUs) gets its first
+    token without waiting for it. A non-streamed request is asked of llama-cpp-python as a
+    stream (it cannot cancel a non-streamed one) and assembled by the gateway."""
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"], max_retries=0, timeout=120)
+    _abandon(cluster, stream)
+    started = time.monotonic()
+    chunks = client.completions.create(model="gemma-3-270m", prompt="Hi", max_tokens=2, stream=True)
+    next(iter(chunks))
+    first_token_s = time.monotonic() - started
+    for _ in chunks:
+        pass
+    # Waiting for the abandoned request would take over 60 s; a second is what it costs here.
+    assert first_token_s < 30, f"first token after {first_token_s:.1f} s: the abandoned request kept generating"
+    print(f"first token {first_token_s:.2f} s after an abandoned {'streamed' if stream else 'non-streamed'} request")
+
+
+def test_the_sdks_answers_from_the_real_engine_are_openais(cluster):
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key=cluster["key"], max_retries=0, timeout=120)
+    hi = [{"role": "user", "content": "Hi"}]
+    # n > 1: llama-cpp-python ignores n; the gateway fans out and merges.
+    reply = client.chat.completions.create(model="gemma-3-270m", max_tokens=3, n=2, messages=hi)
+    assert [c.index for c in reply.choices] == [0, 1] and reply.usage.completion_tokens >= 2
+    # A non-streamed answer always has usage; a streamed one gets its usage chunk when asked.
+    chunks = list(client.chat.completions.create(model="gemma-3-270m", max_tokens=3, messages=hi, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-1].usage.prompt_tokens >= 1  # the engine's tokenizer counted the prompt
+    # What the demo model does not serve is a 404 naming what it does — never the engine's 500.
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.embeddings.create(model="gemma-3-270m", input="x")
+    assert "chat/completions" in str(refused.value)
+    # OpenAI's rules, not the engine's.
+    for bad in ({"max_tokens": 0}, {"max_tokens": 100_000}, {"temperature": 5},
+                {"messages": [{"role": "wizard", "content": "x"}]}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(**{"model": "gemma-3-270m", "messages": hi, **bad})
