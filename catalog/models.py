@@ -495,6 +495,21 @@ def limit_errors(model: "Model") -> dict[str, str]:
     return errors
 
 
+def limits_info(model: "Model") -> dict:
+    """What ``llmgw explain`` and the admin show of a model's limits (JSON-ready):
+    ``context_length`` and ``max_output_tokens`` in force (tokens, None unknown or
+    unlimited), ``served_endpoints`` (sorted) and ``text``, the limits in words, e.g.
+    ``"context 2048 tokens, output at most 512 tokens"``."""
+    context, output = model.token_limits()
+    return {
+        "context_length": context,
+        "max_output_tokens": output,
+        "served_endpoints": sorted(model.served_endpoints),
+        "text": f"context {f'{context} tokens' if context else 'unknown'}, "
+                f"output {f'at most {output} tokens' if output else 'unlimited (up to the context)'}",
+    }
+
+
 def validate_time_zone(value: str) -> None:
     try:
         zoneinfo.ZoneInfo(value)
