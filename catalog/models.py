@@ -353,11 +353,12 @@ class Model(models.Model):
         """``(context_length, max_output_tokens)`` in tokens, each None when unknown.
 
         Context: the operator's ``context_length``, else the smaller of the profile command's
-        flag and ``weights_context_length`` where known. Output: the operator's
+        flag and ``weights_context_length`` where known (an external model: the operator's
+        only). Output: the operator's
         ``max_output_tokens``. See :func:`effective_context_length`."""
-        command = None
-        if self.profile_id and not self.is_external:
-            command = self.profile.engine_traits.context_length
+        if self.is_external or not self.profile_id:  # served elsewhere: only the operator knows
+            return self.context_length, self.max_output_tokens
+        command = self.profile.engine_traits.context_length
         return effective_context_length(self.context_length, command, self.weights_context_length), \
             self.max_output_tokens
 

@@ -110,11 +110,12 @@ def load_models() -> list[tuple[CachedModel, str]]:
         if profile_id in profiles and not base_url:
             traits, profile_serves = profiles[profile_id]
         endpoints = Model.parse_endpoints(served) if (served or "").strip() else profile_serves
-        command_context = traits.context_length if traits is not OPENAI_LIKE else None
+        if traits is OPENAI_LIKE:  # external (or no profile): only the operator's limit
+            context = context_length
+        else:
+            context = effective_context_length(context_length, traits.context_length, weights_context)
         out.append((CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens, endpoints,
-                                bool(forward_org), effective_context_length(context_length, command_context,
-                                                                            weights_context),
-                                max_output, traits), aliases or ""))
+                                bool(forward_org), context, max_output, traits), aliases or ""))
     return out
 
 
