@@ -185,7 +185,7 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
         # In id order, as the reconciler applies its moves: rows locked in one order never deadlock.
         for replica in Replica.objects.filter(pk__in=by_id, agent_id=agent_id).order_by("id"):
             report = by_id[replica.pk]
-            length = _count(report.get("weights_context_length"), MAX_TOKENS_LIMIT)
+            length = integers.count_or_none(report.get("weights_context_length"), MAX_TOKENS_LIMIT)
             if length and replica.model_id is not None:
                 detected[replica.model_id] = length
             fields = {}
@@ -222,8 +222,12 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
                     needs_pass = needs_pass or target in (S.FAILED, S.STOPPED)
             elif fields:
                 Replica.objects.filter(pk=replica.pk).update(**fields)
+    if detected:
+        # Reports repeat it: read first, so an unchanged value costs no write (nor SQLite's write lock).
+        stored = dict(Model.objects.filter(pk__in=detected).values_list("pk", "weights_context_length"))
         for model_id, length in detected.items():
-            store_weights_context_length(model_id, length)
+            if model_id in stored and stored[model_id] != length:
+                store_weights_context_length(model_id, length)
     return needs_pass
 
 
