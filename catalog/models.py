@@ -262,7 +262,7 @@ class Model(models.Model):
     weights_context_length = models.PositiveIntegerField(
         null=True, blank=True, editable=False,
         help_text="The context length the weights were trained for, as the agent read it from their "
-        "metadata (GGUF). Detected, not set.",
+        "metadata (GGUF), read when a replica starts; not for editing.",
     )
     external_base_url = models.URLField(
         blank=True, default="", help_text="Served elsewhere: requests are forwarded here."

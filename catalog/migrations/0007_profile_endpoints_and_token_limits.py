@@ -24,7 +24,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='model',
             name='weights_context_length',
-            field=models.PositiveIntegerField(blank=True, editable=False, help_text='The context length the weights were trained for, as the agent read it from their metadata (GGUF). Detected, not set.', null=True),
+            field=models.PositiveIntegerField(blank=True, editable=False, help_text='The context length the weights were trained for, as the agent read it from their metadata (GGUF), read when a replica starts; not for editing.', null=True),
         ),
         migrations.AddField(
             model_name='profile',
