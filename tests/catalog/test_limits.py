@@ -149,3 +149,14 @@ def test_the_rest_api_shows_the_limits_in_force_and_keeps_the_detected_one_read_
     s.save()
     m.refresh_from_db()
     assert m.weights_context_length == 1024
+
+
+def test_the_rest_api_shows_what_a_profile_serves_and_refuses_unknown_endpoints(text_profile):
+    from catalog.serializers import ProfileSerializer
+
+    assert ProfileSerializer(text_profile).data["served_endpoints"] == ["chat/completions", "completions"]
+    s = ProfileSerializer(text_profile, data={"endpoints": "chat/completions, images"}, partial=True)
+    assert not s.is_valid() and "images" in str(s.errors["endpoints"])
+    s = ProfileSerializer(text_profile, data={"endpoints": "chat/completions"}, partial=True)
+    assert s.is_valid(), s.errors
+    assert ProfileSerializer(s.save()).data["served_endpoints"] == ["chat/completions"]
