@@ -14,7 +14,8 @@ from django.urls import path
 from django.utils import timezone
 
 from catalog import engine_code, schedules
-from catalog.models import KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, Model, Profile, ScheduleWindow
+from catalog.models import (KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, Model, Profile, ScheduleWindow,
+                            limits_info)
 from llmgw.permissions import Act, can
 
 
@@ -99,7 +100,13 @@ class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
                     "engine_key")
     list_filter = ("engine",)
     search_fields = ("name", "command")
-    readonly_fields = ("engine_key_note",)
+    readonly_fields = ("engine_key_note", "serves")
+
+    @admin.display(description="serves")
+    def serves(self, obj: Profile) -> str:
+        traits = obj.engine_traits
+        context = f"{traits.context_length} tokens of context" if traits.context_length else "context length unknown"
+        return f"{', '.join(sorted(obj.served_endpoints))}; {context} (from its command)"
 
     @admin.display(boolean=True, description="engine key")
     def engine_key(self, obj: Profile) -> bool:
@@ -215,7 +222,8 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
         (None, {"fields": ("name", "aliases")}),
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
-        ("Requests", {"fields": ("default_max_tokens", "endpoints")}),
+        ("Requests", {"fields": ("default_max_tokens", "endpoints", "context_length", "max_output_tokens",
+                                 "weights_context_length", "limits")}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key",
                                                     "external_forward_org_headers"), "classes": ("collapse",)}),
     )
@@ -232,12 +240,17 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
                     f in secret for f in options["fields"]) else ())}) for name, options in fieldsets]
         return fieldsets
 
+    @admin.display(description="limits in force")
+    def limits(self, obj: Model) -> str:
+        info = limits_info(obj)
+        return f"{info['text']}; serves {', '.join(info['served_endpoints'])}"
+
     @admin.display(description="external API key")
     def external_api_key_state(self, obj: Model) -> str:
         return "set" if obj.external_api_key else "not set"
 
     def get_readonly_fields(self, request, obj=None):
-        fields = tuple(super().get_readonly_fields(request, obj))
+        fields = tuple(super().get_readonly_fields(request, obj)) + ("weights_context_length", "limits")
         if obj is not None and engine_code.is_code_weights(obj.weights) and not engine_code.allowed(request.user):
             fields += ("weights",)
         return fields

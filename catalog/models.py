@@ -17,6 +17,7 @@ from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
 from catalog import schedules
+from catalog.engines import OPENAI_LIKE, EngineTraits, engine_traits
 from catalog.presets import PLACEHOLDERS, PRESETS, template_fields, uses_api_key
 from catalog.weights import parse_weights_source
 
@@ -89,6 +90,13 @@ class Profile(models.Model):
     metrics_path = models.CharField(max_length=200, blank=True, default="")
     metric_running = models.CharField(max_length=120, blank=True, default="")
     metric_waiting = models.CharField(max_length=120, blank=True, default="")
+    endpoints = models.CharField(
+        max_length=200, blank=True, default="",
+        help_text="Endpoints under /v1/ its engines serve, comma-separated (of " + ", ".join(OPENAI_ENDPOINTS)
+        + "). Empty: what the engine serves started with this command (chat/completions and completions; "
+        "embeddings too when the command starts it for them, e.g. llama-server --embedding, vLLM --task embed, "
+        "SGLang --is-embedding; a custom engine: all). A model's own endpoints narrow this further.",
+    )
     notes = models.TextField(blank=True, default="")
 
     class Meta:
@@ -129,8 +137,27 @@ class Profile(models.Model):
         allowed, but shown as unprotected in the admin and in ``llmgw explain``."""
         return uses_api_key(self.command, self.env if isinstance(self.env, dict) else {})
 
+    @property
+    def engine_traits(self) -> EngineTraits:
+        """What its engines do themselves, from its engine kind and command
+        (:func:`catalog.engines.engine_traits`)."""
+        return engine_traits(self.engine, self.command or "")
+
+    @property
+    def served_endpoints(self) -> frozenset[str]:
+        """The endpoints under ``/v1/`` its engines serve: its ``endpoints`` field if set,
+        else the engine's default for its command."""
+        if (self.endpoints or "").strip():
+            return Model.parse_endpoints(self.endpoints)
+        return self.engine_traits.endpoints
+
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
+        unknown_endpoints = sorted(Model.parse_endpoints(self.endpoints) - set(OPENAI_ENDPOINTS))
+        if unknown_endpoints:
+            errors.setdefault("endpoints", []).append(
+                f"Unknown endpoint(s) {', '.join(unknown_endpoints)}: choose from {', '.join(OPENAI_ENDPOINTS)}."
+            )
         try:
             fields = template_fields(self.command or "")
         except ValueError as exc:
@@ -221,6 +248,22 @@ class Model(models.Model):
         "max_completion_tokens (served here only). Empty: the engine decides (often until its "
         "context is full).",
     )
+    context_length = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_TOKENS_LIMIT)],
+        help_text="Tokens of context (prompt plus output) a request may use. Empty: the smaller of what the "
+        "profile's command sets (--n_ctx, -c/--ctx-size, --max-model-len, --context-length) and what the "
+        "weights say (detected by the agent); unknown if neither is known. Set it to override both.",
+    )
+    max_output_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_TOKENS_LIMIT)],
+        help_text="The most tokens a request may ask to generate (max_tokens, max_completion_tokens). "
+        "Empty: no limit beyond the context length.",
+    )
+    weights_context_length = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The context length the weights were trained for, as the agent read it from their "
+        "metadata (GGUF), read when a replica starts; not for editing.",
+    )
     external_base_url = models.URLField(
         blank=True, default="", help_text="Served elsewhere: requests are forwarded here."
     )
@@ -228,8 +271,8 @@ class Model(models.Model):
     endpoints = models.CharField(
         max_length=200, blank=True, default="",
         help_text="Endpoints under /v1/ this model serves, comma-separated (of "
-        + ", ".join(OPENAI_ENDPOINTS) + "). Empty: all of them. Others answer 404 and are "
-        "never forwarded (nor is an external model's key).",
+        + ", ".join(OPENAI_ENDPOINTS) + "). Empty: what its profile serves (an external model: all). "
+        "Others answer 404 and are never forwarded (nor is an external model's key).",
     )
     external_forward_org_headers = models.BooleanField(
         default=False,
@@ -269,8 +312,61 @@ class Model(models.Model):
     @property
     def served_endpoints(self) -> frozenset[str]:
         """The endpoints under ``/v1/`` this model serves (docs/architecture.md, "Gateway
-        rules": paths)."""
-        return self.parse_endpoints(self.endpoints)
+        rules": paths): its own ``endpoints`` if set, else its profile's
+        (:attr:`Profile.served_endpoints`), else (an external model) all of them."""
+        if (self.endpoints or "").strip():
+            return self.parse_endpoints(self.endpoints)
+        if self.profile_id and not self.is_external:
+            return self.profile.served_endpoints
+        return frozenset(OPENAI_ENDPOINTS)
+
+    @property
+    def engine_traits(self) -> EngineTraits:
+        """What its engines do themselves (:class:`catalog.engines.EngineTraits`); an
+        external model (or one without a profile) is treated as OpenAI itself."""
+        if self.profile_id and not self.is_external:
+            return self.profile.engine_traits
+        return OPENAI_LIKE
+
+    # The gateway reads these on a Model or on a gateway.cache.CachedModel alike.
+    @property
+    def serves_n(self) -> bool:
+        return self.engine_traits.serves_n
+
+    @property
+    def cancels_unstreamed(self) -> bool:
+        return self.engine_traits.cancels_unstreamed
+
+    @property
+    def streams_usage(self) -> bool:
+        return self.engine_traits.streams_usage
+
+    @property
+    def tokenize_path(self) -> str | None:
+        return self.engine_traits.tokenize_path
+
+    @property
+    def tokenize_field(self) -> str | None:
+        return self.engine_traits.tokenize_field
+
+    def token_limits(self) -> tuple[int | None, int | None]:
+        """``(context_length, max_output_tokens)`` in tokens, each None when unknown.
+
+        Context: the operator's ``context_length``, else the smaller of the profile command's
+        flag and ``weights_context_length`` where known (an external model: the operator's
+        only). Output: the operator's
+        ``max_output_tokens``. See :func:`effective_context_length`."""
+        if self.is_external or not self.profile_id:  # served elsewhere: only the operator knows
+            return self.context_length, self.max_output_tokens
+        command = self.profile.engine_traits.context_length
+        return effective_context_length(self.context_length, command, self.weights_context_length), \
+            self.max_output_tokens
+
+    @property
+    def context_limit(self) -> int | None:
+        """The effective context length in tokens (``token_limits()[0]``); the field
+        ``context_length`` is only the operator's value."""
+        return self.token_limits()[0]
 
     @classmethod
     def resolve_queryset(cls, name: str) -> models.QuerySet["Model"]:
@@ -318,11 +414,22 @@ class Model(models.Model):
             errors.setdefault("name", []).append(
                 f"'{self.name}' is already an alias of another model."
             )
-        unknown = sorted(self.served_endpoints - set(OPENAI_ENDPOINTS))
+        named = self.parse_endpoints(self.endpoints) if (self.endpoints or "").strip() else frozenset()
+        unknown = sorted(named - set(OPENAI_ENDPOINTS))
         if unknown:
             errors.setdefault("endpoints", []).append(
                 f"Unknown endpoint(s) {', '.join(unknown)}: choose from {', '.join(OPENAI_ENDPOINTS)}."
             )
+        elif named and self.profile_id and not self.external_base_url:
+            served = self.profile.served_endpoints
+            missing = sorted(named - served)
+            if missing:
+                errors.setdefault("endpoints", []).append(
+                    f"Its profile {self.profile} does not serve {', '.join(missing)}: it serves "
+                    f"{', '.join(sorted(served))} (set the profile's endpoints, or start its engine for them)."
+                )
+        for name, text in limit_errors(self).items():
+            errors.setdefault(name, []).append(text)
         if self.external_forward_org_headers and not self.external_base_url:
             errors.setdefault("external_forward_org_headers", []).append(
                 "Only for external models: engines served here read no organization or project."
@@ -361,6 +468,47 @@ class Model(models.Model):
             )
         if errors:
             raise ValidationError(errors)
+
+
+def effective_context_length(operator: int | None, command: int | None, weights: int | None) -> int | None:
+    """The context length in tokens a model serves: the operator's value if set (it
+    overrides both), else the smaller of the command's flag and the weights' own length
+    where known, else None (unknown)."""
+    if operator:
+        return operator
+    known = [n for n in (command, weights) if n]
+    return min(known) if known else None
+
+
+def limit_errors(model: "Model") -> dict[str, str]:
+    """Field → message for token limits that contradict each other: ``default_max_tokens``
+    above ``max_output_tokens`` or above the known context length, ``max_output_tokens``
+    above the known context length (:meth:`Model.token_limits`). Pure over the model's attributes (its profile is read)."""
+    errors: dict[str, str] = {}
+    context, output = model.token_limits()
+    default = model.default_max_tokens
+    if default and output and default > output:
+        errors["default_max_tokens"] = f"Default max tokens {default} is above its max output tokens {output}."
+    elif default and context and default > context:
+        errors["default_max_tokens"] = f"Default max tokens {default} is above its context length {context}."
+    if output and context and output > context:
+        errors["max_output_tokens"] = f"Max output tokens {output} is above its context length {context}."
+    return errors
+
+
+def limits_info(model: "Model") -> dict:
+    """What ``llmgw explain`` and the admin show of a model's limits (JSON-ready):
+    ``context_length`` and ``max_output_tokens`` in force (tokens, None unknown or
+    unlimited), ``served_endpoints`` (sorted) and ``text``, the limits in words, e.g.
+    ``"context 2048 tokens, output at most 512 tokens"``."""
+    context, output = model.token_limits()
+    return {
+        "context_length": context,
+        "max_output_tokens": output,
+        "served_endpoints": sorted(model.served_endpoints),
+        "text": f"context {f'{context} tokens' if context else 'unknown'}, "
+                f"output {f'at most {output} tokens' if output else 'unlimited (up to the context)'}",
+    }
 
 
 def validate_time_zone(value: str) -> None:

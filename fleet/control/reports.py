@@ -9,6 +9,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.models import MAX_TOKENS_LIMIT, Model
 from llmgw import integers
 from fleet import protocol
 from fleet.models import Agent, Gpu, Replica
@@ -179,10 +180,14 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
             by_id[replica_id] = report
     if not by_id:
         return False
+    detected: dict[int, int] = {}  # model id → weights_context_length its agent read
     with transaction.atomic():
         # In id order, as the reconciler applies its moves: rows locked in one order never deadlock.
         for replica in Replica.objects.filter(pk__in=by_id, agent_id=agent_id).order_by("id"):
             report = by_id[replica.pk]
+            length = integers.count_or_none(report.get("weights_context_length"), MAX_TOKENS_LIMIT)
+            if length and replica.model_id is not None:
+                detected[replica.model_id] = length
             fields = {}
             for name, top in (("pid", 2**31 - 1), ("port", 65535)):
                 value = _count(report.get(name), top)
@@ -217,7 +222,22 @@ def record_replicas(agent_id: int, reports: list[protocol.ReplicaReport]) -> boo
                     needs_pass = needs_pass or target in (S.FAILED, S.STOPPED)
             elif fields:
                 Replica.objects.filter(pk=replica.pk).update(**fields)
+    if detected:
+        # Reports repeat it: read first, so an unchanged value costs no write (nor SQLite's write lock).
+        stored = dict(Model.objects.filter(pk__in=detected).values_list("pk", "weights_context_length"))
+        for model_id, length in detected.items():
+            if model_id in stored and stored[model_id] != length:
+                store_weights_context_length(model_id, length)
     return needs_pass
+
+
+def store_weights_context_length(model_id: int, length: int) -> bool:
+    """Record the context length (tokens) an agent read from model ``model_id``'s weights;
+    True if it changed. A conditional queryset update: nothing is written when it is the
+    same, ``updated_at`` is not touched (it is detected, not an edit), and it is not part of
+    the spec hash (``fleet.control.specs``), so no replica rolls for it."""
+    return bool(Model.objects.filter(pk=model_id).exclude(weights_context_length=length)
+                .update(weights_context_length=length))
 
 
 def _fraction(value) -> float | None:

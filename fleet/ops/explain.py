@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from catalog.models import Benchmark, ClusterSettings, Model
+from catalog.models import Benchmark, ClusterSettings, Model, limits_info
 from catalog.schedules import active_window, describe
 from fleet.models import ModelState, ScalingEvent
 from fleet.ops import cluster as read
@@ -55,6 +55,7 @@ def explain_model(model: Model) -> dict:
         # Without {api_key} its engines serve anyone who reaches their ports (docs/architecture.md,
         # "Security": engine keys).
         "engine_protected": model.profile.protects_engine if model.profile_id and not model.is_external else None,
+        "limits": limits_info(model),  # token limits in force and served endpoints
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,
         "desired": state.desired if state else 0,

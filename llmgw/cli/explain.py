@@ -27,6 +27,8 @@ def run(options, stdout, stderr) -> int:
     stdout.write(f"{info['model']}: {info['ready']} ready of {info['desired']} desired"
                  f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''})\n")
     stdout.write(f"  why:         {info['reason']}\n")
+    stdout.write(f"  limits:      {info['limits']['text']}\n")
+    stdout.write(f"  endpoints:   {', '.join(info['limits']['served_endpoints'])}\n")
     if info.get("engine_protected") is False:
         stdout.write("  UNPROTECTED: its profile starts engines without {api_key}: anyone who reaches an engine's"
                      " port can use it around the gateway\n")

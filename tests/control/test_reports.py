@@ -300,3 +300,46 @@ def test_an_engine_the_agent_stopped_after_its_restart_says_so_in_explain(make_m
     assert all(x["id"] != r.pk for x in info["replicas"])
     code, out, _ = llmgw("explain", "chat")
     assert code == 0 and f"stopped {r.pk:>5} on cpu-1" in out and why in out
+
+
+@pytest.mark.django_db
+def test_the_context_length_an_agent_read_from_the_weights_is_stored_on_the_model_once(make_model):
+    """A replica's report may carry ``weights_context_length`` (the GGUF header's). It is
+    stored on the model by a conditional update: only when it changes, without touching
+    ``updated_at`` and without outdating the replica (not part of the spec hash); a report
+    without it, or with garbage, leaves the stored value alone."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from catalog.models import Model
+    from fleet.control.specs import spec_hash
+    from fleet.protocol import check_fields
+
+    m = make_model("chat")
+    a = agent()
+    r = rows.replica(m, a, state="starting")
+    updated_at, hash_before = m.updated_at, spec_hash(m, m.profile)
+    report = {"replica_id": r.pk, "state": "starting", "weights_context_length": 32768}
+    check_fields({"type": "status", "v": 1, "replicas": [report]})  # a valid report on the wire
+    reports.record_replicas(a.pk, [report])
+    m.refresh_from_db()
+    assert m.weights_context_length == 32768 and m.updated_at == updated_at
+    assert spec_hash(m, m.profile) == hash_before
+    assert reports.store_weights_context_length(m.pk, 32768) is False  # the same value: nothing written
+    with CaptureQueriesContext(connection) as queries:
+        reports.record_replicas(a.pk, [report])
+    assert not [q for q in queries if q["sql"].startswith("UPDATE") and "catalog_model" in q["sql"]]
+    for garbage in (None, -1, "4096", 0, 10**12):
+        reports.record_replicas(a.pk, [{"replica_id": r.pk, "state": "starting", "weights_context_length": garbage}])
+    reports.record_replicas(a.pk, [{"replica_id": r.pk, "state": "ready"}])
+    assert Model.objects.get(pk=m.pk).weights_context_length == 32768
+    reports.record_replicas(a.pk, [{"replica_id": r.pk, "state": "ready", "weights_context_length": 8192}])
+    assert Model.objects.get(pk=m.pk).weights_context_length == 8192
+
+
+def test_a_report_with_a_non_integer_weights_context_length_is_refused_on_the_wire():
+    from fleet.protocol import ProtocolError, check_fields
+
+    with pytest.raises(ProtocolError, match="weights_context_length"):
+        check_fields({"type": "status", "v": 1, "replicas": [{"replica_id": 1, "weights_context_length": "x"}]})
+    check_fields({"type": "status", "v": 1, "replicas": [{"replica_id": 1, "weights_context_length": None}]})
