@@ -68,7 +68,10 @@ def _is_object(value) -> bool:
 # A \u escape of U+D800–U+DFFF, or one encoded as UTF-8 bytes (ED A0..BF): Python's json
 # decodes bytes with "surrogatepass", so both become lone surrogates. A body that is not
 # UTF-8 (json also reads UTF-16/32, told by NUL bytes in its first four) may hold one too.
-_SURROGATE_BYTES = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+# Two searches, not one alternation: each has a literal prefix that the regex engine skips
+# to (60 KB of ASCII: ~35 µs; one alternation: ~600 µs).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -77,7 +80,8 @@ def has_surrogate_escape(raw: bytes) -> bool:
     lone surrogate: a ``\\uD800``–``\\uDFFF`` escape, the same encoded as UTF-8 bytes, or a
     body that is not UTF-8. False means :func:`lone_surrogate_path` need not be called (a
     pair ``\\ud83d\\ude00`` says True: it is the walk that tells a pair from a lone one)."""
-    return b"\x00" in raw[:4] or _SURROGATE_BYTES.search(raw) is not None
+    return (b"\x00" in raw[:4] or _SURROGATE_ESCAPE.search(raw) is not None
+            or _SURROGATE_UTF8.search(raw) is not None)
 
 
 def _printable(text: str) -> str:
