@@ -568,8 +568,10 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
                                     "used.", "invalid_value")
     elif path == "embeddings" and body.get("input") is None:
         return _missing("input")
+    if path == "embeddings":
+        return None  # never streamed nor bounded: stream_options and max_tokens are engines' extras there
     if body.get("stream_options") is not None and body.get("stream") is not True:
         return ("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.", None)
-    if limits is not None and path != "embeddings":
+    if limits is not None:
         return _limit_problem(body, limits)
     return None

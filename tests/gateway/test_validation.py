@@ -53,6 +53,7 @@ VALID = [
     (EMBEDDINGS, {"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 256, "user": "u"}),
     (EMBEDDINGS, {"model": "m", "input": [1, 2]}),
     (EMBEDDINGS, {"model": "m", "input": [[1, 2], [3]], "encoding_format": "float"}),
+    (EMBEDDINGS, {"model": "m", "input": "x", "stream_options": {"include_usage": True}}),  # not OpenAI's there
 ]
 
 
