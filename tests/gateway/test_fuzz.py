@@ -236,3 +236,19 @@ def test_no_body_makes_the_gateway_answer_500_or_leave_openais_error_shape(serve
         post_one()
     # The bodies reach every layer: some pass to the engine, most are refused.
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0, seen
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"model": "plain\\ud800", "messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "\xed\xb0\x80", "messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "plain", "messages": [{"role": "user", "content": "a\\udc00"}]}', "messages[0].content"),
+    (b'{"model": "plain", "messages": [{"role": "user", "content": "x"}], "metadata": {"\\ud800": "v"}}',
+     "metadata.\\ud800"),
+])
+def test_a_lone_surrogate_is_a_400_naming_where_before_the_model_is_looked_up(servers, key, raw, param):
+    response = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
+                          headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, "invalid_value", "invalid_request_error")
+    assert "x-llmgw-replica" not in response.headers
