@@ -325,19 +325,22 @@ def _prompt(param: str, value) -> Problem | None:
     return None
 
 
+#: OpenAI's words for an empty embeddings input (an empty string, array, or string in one),
+#: with param and code null; here the param names the place.
+_INVALID_INPUT = "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference."
+
+
 def _input(param: str, value) -> Problem | None:
     """Embeddings' ``input``: like a prompt, and nothing empty (OpenAI refuses it)."""
     problem = _prompt(param, value)
     if problem:
         return problem
     if value == "" or value == []:
-        return (param, f"Invalid '{param}': empty {'string' if value == '' else 'array'}. Expected a non-empty "
-                       f"value.", "empty_array" if value == [] else "empty_string")
+        return param, _INVALID_INPUT, None
     if isinstance(value, list):
         for i, item in enumerate(value):
             if item == "":
-                return (f"{param}[{i}]", f"Invalid '{param}[{i}]': empty string. Expected a non-empty value.",
-                        "empty_string")
+                return f"{param}[{i}]", _INVALID_INPUT, None
     return None
 
 
@@ -488,8 +491,8 @@ def _message(i: int, message) -> Problem | None:
         if role == "assistant" and message.get("refusal") is not None:
             return None
         if "content" in message:
-            return (f"{here}.content", f"Invalid value for '{here}.content': expected a string, got null.",
-                    "invalid_value")
+            # OpenAI's words (it names the field 'content', the param the place; code null).
+            return f"{here}.content", "Invalid value for 'content': expected a string, got null.", None
         return _missing(f"{here}.content")
     if isinstance(content, str):
         return None
@@ -536,7 +539,8 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     OpenAI's words and codes — ``invalid_type``, ``invalid_value``, ``empty_array``,
     ``missing_required_parameter``, ``integer_below_min_value``, ``decimal_above_max_value``,
     ``array_above_max_length``, ``context_length_exceeded``; ``code`` is None where OpenAI's
-    is (``stream_options`` without ``stream``) — or None.
+    is (``stream_options`` without ``stream``, a null ``content``, an empty embeddings
+    ``input``) — or None.
 
     ``body`` is a decoded JSON object (a dict). ``limits`` is ``(context_length,
     max_output_tokens)`` in tokens, either None when unknown: a ``max_tokens`` or

@@ -81,9 +81,9 @@ INVALID = [
     (CHAT, one({"role": 1, "content": "x"}), "messages[0].role", "invalid_type"),
     (CHAT, one({"role": "robot", "content": "x"}), "messages[0].role", "invalid_value"),
     (CHAT, one({"role": "user"}), "messages[0].content", "missing_required_parameter"),
-    (CHAT, one({"role": "user", "content": None}), "messages[0].content", "invalid_value"),
-    (CHAT, one({"role": "assistant", "content": None}), "messages[0].content", "invalid_value"),
-    (CHAT, one({"role": "assistant", "content": None, "tool_calls": []}), "messages[0].content", "invalid_value"),
+    (CHAT, one({"role": "user", "content": None}), "messages[0].content", None),
+    (CHAT, one({"role": "assistant", "content": None}), "messages[0].content", None),
+    (CHAT, one({"role": "assistant", "content": None, "tool_calls": []}), "messages[0].content", None),
     (CHAT, one({"role": "user", "content": 5}), "messages[0].content", "invalid_type"),
     (CHAT, one({"role": "user", "content": {"type": "text"}}), "messages[0].content", "invalid_type"),
     (CHAT, one({"role": "user", "content": ["x"]}), "messages[0].content[0]", "invalid_type"),
@@ -165,9 +165,9 @@ INVALID = [
     (COMPLETIONS, {"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens", "integer_below_min_value"),
     (EMBEDDINGS, {"model": "m"}, "input", "missing_required_parameter"),
     (EMBEDDINGS, {"model": "m", "input": {"a": 1}}, "input", "invalid_type"),
-    (EMBEDDINGS, {"model": "m", "input": []}, "input", "empty_array"),
-    (EMBEDDINGS, {"model": "m", "input": ""}, "input", "empty_string"),
-    (EMBEDDINGS, {"model": "m", "input": ["a", ""]}, "input[1]", "empty_string"),
+    (EMBEDDINGS, {"model": "m", "input": []}, "input", None),
+    (EMBEDDINGS, {"model": "m", "input": ""}, "input", None),
+    (EMBEDDINGS, {"model": "m", "input": ["a", ""]}, "input[1]", None),
     (EMBEDDINGS, {"model": "m", "input": [[1], []]}, "input[1]", "invalid_type"),
     (EMBEDDINGS, {"model": "m", "input": "x", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
     (EMBEDDINGS, {"model": "m", "input": "x", "dimensions": 0}, "dimensions", "integer_below_min_value"),
@@ -195,12 +195,18 @@ def test_a_body_that_breaks_a_rule_names_the_param_and_code(path, body, param, c
     ({"model": "m"}, "Missing required parameter: 'messages'."),
     (chat(stream_options={"include_usage": True}),
      "The 'stream_options' parameter is only allowed when 'stream' is enabled."),
+    (one({"role": "user", "content": None}), "Invalid value for 'content': expected a string, got null."),
     (chat(stop=list("abcde")),
      "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 "
      "instead."),
 ])
 def test_messages_are_openais_words(body, message):
     assert validation.check(CHAT, body)[1] == message
+
+
+def test_an_empty_embeddings_input_is_openais_words():
+    assert validation.check(EMBEDDINGS, {"input": []})[1] == ("'$.input' is invalid. Please check the API reference: "
+                                                               "https://platform.openai.com/docs/api-reference.")
 
 
 def test_top_level_fields_are_checked_in_the_bodys_order_before_the_messages():
