@@ -274,6 +274,8 @@ def _named_function(param: str, value, required: tuple[str, ...] = ()) -> Proble
 def _tools(param: str, value) -> Problem | None:
     if not isinstance(value, list):
         return _wrong_type(param, "an array", value)
+    if not value:
+        return _empty_array(param)
     for i, tool in enumerate(value):
         here = f"{param}[{i}]"
         if not isinstance(tool, dict):
@@ -410,6 +412,8 @@ _PART_FIELDS = {  # a content part's type → (its payload field, the payload's 
 
 
 def _content_parts(param: str, parts: list) -> Problem | None:
+    if not parts:
+        return _empty_array(param)
     for j, part in enumerate(parts):
         here = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -438,6 +442,8 @@ def _content_parts(param: str, parts: list) -> Problem | None:
 def _tool_calls(param: str, calls) -> Problem | None:
     if not isinstance(calls, list):
         return _wrong_type(param, "an array", calls)
+    if not calls:
+        return _empty_array(param)
     for k, call in enumerate(calls):
         here = f"{param}[{k}]"
         if not isinstance(call, dict):
