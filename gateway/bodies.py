@@ -70,6 +70,11 @@ def parse_body(request: HttpRequest) -> dict | HttpResponse:
         return openai_error(400, "The request body is nested too deeply.", code="invalid_json")
     if not isinstance(body, dict):
         return openai_error(400, "The request body must be a JSON object.", code="invalid_json")
+    # Before any field is used: a lone surrogate cannot be encoded (the database, the log, an
+    # engine's UTF-8), so it is refused wherever it is (docs/architecture.md, "Gateway rules").
+    if validation.has_surrogate_escape(raw) and (where := validation.lone_surrogate_path(body)) is not None:
+        param, message, code = validation.lone_surrogate_problem(where)
+        return openai_error(400, message, code=code, param=param)
     return body
 
 
