@@ -86,9 +86,10 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
     if not endpoints.served_by(model, path):  # before any upstream call, and the external key
-        return ex.answer(openai_error(404, f"The model '{model.name}' does not serve /v1/{path}.",
-                                      code="unknown_url"))
-    problem = validation.check(path, body)
+        served = ", ".join(f"/v1/{e}" for e in sorted(model.served_endpoints)) or "nothing"
+        return ex.answer(openai_error(404, f"The model '{model.name}' does not serve /v1/{path}; it serves "
+                                           f"{served}.", code="unknown_url"))
+    problem = validation.check(path, body, model.token_limits())
     if problem is not None:
         param, message, code = problem
         return ex.answer(openai_error(400, message, code=code, param=param))
@@ -134,15 +135,14 @@ def _composition(model, body: dict, stream: bool) -> calls.Composition | None:
     """How the gateway builds the answer itself for an engine that would not give it as
     OpenAI does (``gateway.calls``), or None to relay the engine's own: ``n`` > 1 on an
     engine that ignores it, a non-streamed request to one that cannot cancel it, a usage
-    chunk asked of one whose streams carry none. The engine's traits come from its profile
-    (``serves_n``, ``cancels_unstreamed``, ``streams_usage``; all true when unknown)."""
+    chunk asked of one whose streams carry none (``model.engine_traits``,
+    ``catalog.engines``)."""
+    traits = model.engine_traits
     n = body.get("n")
-    legs = int(n) if validation.is_integer(n) and n > 1 and not getattr(model, "serves_n", True) else 1
+    legs = int(n) if validation.is_integer(n) and n > 1 and not traits.serves_n else 1
     include_usage = stream and asks_usage(body)
-    if (legs > 1 or (not stream and not getattr(model, "cancels_unstreamed", True))
-            or (include_usage and not getattr(model, "streams_usage", True))):
-        return calls.Composition(legs, stream, include_usage, getattr(model, "tokenize_path", None),
-                                 getattr(model, "engine", None))
+    if legs > 1 or (not stream and not traits.cancels_unstreamed) or (include_usage and not traits.streams_usage):
+        return calls.Composition(legs, stream, include_usage, traits.tokenize_path, traits.engine)
     return None
 
 
@@ -219,8 +219,13 @@ async def _want(model_id: int) -> None:
 
 
 def _model_object(model: Model) -> dict:
+    """OpenAI's model object, with what the gateway knows besides (extra fields, which the
+    ``openai`` SDK keeps): the endpoints it serves, and its token limits where known."""
+    context_length, max_output_tokens = model.token_limits()
     return {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
-            "owned_by": "external" if model.is_external else "llmgw"}
+            "owned_by": "external" if model.is_external else "llmgw",
+            "capabilities": sorted(model.served_endpoints), "context_length": context_length,
+            "max_output_tokens": max_output_tokens}
 
 
 async def list_models(request: HttpRequest) -> HttpResponse:
@@ -229,7 +234,7 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     if isinstance(caller, HttpResponse):
         return caller
     data = []
-    async for model in Model.objects.order_by("name"):
+    async for model in Model.objects.select_related("profile").order_by("name"):
         if caller.may_use(model.id):
             data.append(_model_object(model))
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")

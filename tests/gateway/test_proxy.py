@@ -199,10 +199,14 @@ def test_a_models_default_max_tokens_bounds_requests_that_set_none(oai, servers)
     # The newer name alone is copied to max_tokens (llama-cpp-python ignores it).
     oai.chat.completions.create(model="plain", messages=messages, max_completion_tokens=4)
     assert last_request()["max_tokens"] == 4 and last_request()["max_completion_tokens"] == 4
-    for unbounded in (0, -1, None):  # "no limit" to llama.cpp: the default applies
-        post(servers, "/v1/chat/completions", {"model": "plain", "messages": messages, "max_tokens": unbounded},
-             oai.api_key)
-        assert last_request()["max_tokens"] == 3
+    post(servers, "/v1/chat/completions", {"model": "plain", "messages": messages, "max_tokens": None}, oai.api_key)
+    assert last_request()["max_tokens"] == 3  # no limit named: the default applies
+    for unbounded in (0, -1):  # "no limit" to llama.cpp, but OpenAI refuses them: never sent
+        before = len(records(servers, "plain"))
+        r = post(servers, "/v1/chat/completions", {"model": "plain", "messages": messages, "max_tokens": unbounded},
+                 oai.api_key)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "integer_below_min_value", r.text
+        assert len(records(servers, "plain")) == before
     oai.embeddings.create(model="plain", input="x")
     assert last_request()["path"].endswith("embeddings") and last_request()["max_tokens"] is None
 
