@@ -130,6 +130,13 @@ class Engine:
         if method == "GET" and path == "/metrics" and self.args.metrics_kind != "none":
             return await send(writer, 200, self.metrics_text().encode(),
                               "text/plain; version=0.0.4; charset=utf-8", keep)
+        if method == "POST" and path == "/extras/tokenize":  # llama-cpp-python's tokenizer: a token per word
+            try:
+                text = json.loads(body or b"{}").get("input", "")
+            except (ValueError, AttributeError):
+                text = ""
+            self.record("tokenize", path=path, input=text)
+            return await send_json(writer, 200, {"tokens": list(range(len(str(text).split())))}, keep)
         if method != "POST" or path not in INFERENCE_PATHS:
             return await send_json(writer, 404, {"detail": "Not Found"}, keep)
         try:

@@ -1,0 +1,265 @@
+"""What the ``openai`` SDK sees at the engine boundary (issue 15), through a real web process
+(uvicorn, as ``llmgw up`` runs it) and fake engine processes that behave like
+llama-cpp-python's server: ``n`` ignored, no usage chunk in streams, non-streamed requests
+that run on after their client left. The gateway serves OpenAI's answers anyway: fan-out,
+usage counted, non-streamed requests assembled from a stream (so a client that leaves stops
+the engine), engine errors mapped, OpenAI's limits and the model's endpoints enforced
+before anything reaches an engine."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from catalog.models import Model, Profile
+from gateway.models import ApiKey, UsageRecord
+from tests.processes import fake_engine, free_port, wait_for_port, wait_until, web_server
+from tests.replicas import ENGINE_KEY, routed_to, serve
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+HI = [{"role": "user", "content": "say hi"}]
+TRACEBACK_500 = json.dumps({"error": {"message": "Traceback (most recent call last):\n  File "
+                                                 "\"/opt/engine/app.py\", line 12, in run\nRuntimeError: CUDA out of "
+                                                 "memory", "type": "internal_server_error"}})
+
+ENGINES = {
+    # name: fake engine flags (every one refuses requests without the engine key)
+    "llama": ("--tokens", "5", "--no-usage-chunk"),
+    "slowllama": ("--tokens", "400", "--token-delay-ms", "25", "--no-usage-chunk"),
+    "broken": ("--error-status", "500", "--error-body", TRACEBACK_500),
+    "strict": ("--fastapi-422",),
+    "honest": ("--tokens", "4", "--honor-n"),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("boundary")
+    ports = {name: free_port() for name in ENGINES}
+    records = {name: logs / f"{name}.jsonl" for name in ENGINES}
+    engines = [fake_engine(ports[name], logs, *flags, "--record", str(records[name]), api_key=ENGINE_KEY)
+               for name, flags in ENGINES.items()]
+    for name in ENGINES:
+        wait_for_port(ports[name])
+    web_port = free_port()
+    web = web_server(web_port, logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_USAGE_FLUSH_INTERVAL": "0.2s"})
+    yield {"ports": ports, "records": records, "url": f"http://127.0.0.1:{web_port}",
+           "web": web}
+    for proc in [web, *engines]:
+        proc.stop()
+
+
+def records(servers, name: str, event: str = "request") -> list[dict]:
+    path = servers["records"][name]
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if r.get("event") == event]
+
+
+@pytest.fixture
+def llama_profile(transactional_db) -> Profile:
+    """A llama-cpp-python profile: what the gateway knows of the engine comes from it (no
+    ``n``, no usage chunk, no cancel of a non-streamed request, /extras/tokenize, chat and
+    completions only, a 512-token context from ``--n_ctx``)."""
+    profile = Profile.from_preset("llama-cpp-python-cpu", name="llama")
+    profile.command = profile.command.replace("--n_ctx 2048", "--n_ctx 512")
+    profile.full_clean()
+    profile.save()
+    return profile
+
+
+@pytest.fixture
+def key(transactional_db) -> str:
+    return ApiKey.create_key("boundary")[1]
+
+
+@pytest.fixture
+def models(servers, make_model, llama_profile, key):
+    made = {}
+    for name in ENGINES:
+        profile = llama_profile if name in ("llama", "slowllama") else None
+        extra = {"profile": profile} if profile else {}
+        if name == "llama":
+            extra["max_output_tokens"] = 100
+        made[name] = make_model(name, **extra)
+        replica = serve(made[name], servers["ports"][name])
+        wait_until(lambda: routed_to(post(servers, "/v1/chat/completions",
+                                          {"model": name, "messages": HI, "max_tokens": 1}, key), replica),
+                   timeout_s=15, what=f"{name} to be routed to this test's replica")
+    return made
+
+
+def post(servers, path: str, body: dict, key: str, **kw) -> httpx.Response:
+    return httpx.post(servers["url"] + path, json=body, headers={"Authorization": f"Bearer {key}"},
+                      timeout=kw.pop("timeout", 30), **kw)
+
+
+@pytest.fixture
+def oai(servers, key) -> openai.OpenAI:
+    return openai.OpenAI(base_url=servers["url"] + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def aoai(servers, key) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=servers["url"] + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+# --- n > 1 on an engine that ignores n ---------------------------------------------------------
+
+
+def test_n_choices_from_an_engine_that_ignores_n_are_fanned_out_and_merged(oai, servers, models):
+    before = len(records(servers, "llama"))
+    reply = oai.chat.completions.create(model="llama", messages=HI, n=3, max_tokens=5)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason for c in reply.choices)
+    sent = records(servers, "llama")[before:]
+    assert len(sent) == 3 and all(r["n"] is None and r["stream"] for r in sent)  # n requests of one choice
+    # The prompt counted once (by the engine's tokenizer), the completions summed.
+    assert reply.usage.completion_tokens == 15 and reply.usage.prompt_tokens == 2
+    assert reply.usage.total_tokens == 17
+
+
+def test_n_choices_streamed_come_interleaved_with_their_own_index_and_one_done(oai, models):
+    chunks = list(oai.chat.completions.create(model="llama", messages=HI, n=2, max_tokens=5, stream=True,
+                                              stream_options={"include_usage": True}))
+    indexes = {c.choices[0].index for c in chunks if c.choices}
+    assert indexes == {0, 1}
+    assert len({c.id for c in chunks}) == 1  # one completion, as OpenAI streams it
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_an_engine_that_serves_n_itself_gets_the_request_as_sent(oai, servers, models):
+    reply = oai.chat.completions.create(model="honest", messages=HI, n=2, max_tokens=4)
+    assert len(reply.choices) == 2 and records(servers, "honest")[-1]["n"] == 2
+
+
+# --- usage the client asked for ----------------------------------------------------------------
+
+
+def test_include_usage_gets_its_chunk_from_an_engine_that_sends_none(oai, models):
+    chunks = list(oai.chat.completions.create(model="llama", messages=HI, max_tokens=5, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert [c.choices for c in chunks[-1:]] == [[]]
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (2, 5, 7)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_stream_without_include_usage_gets_no_usage_chunk(oai, models):
+    chunks = list(oai.chat.completions.create(model="llama", messages=HI, max_tokens=5, stream=True))
+    assert all(c.choices and c.usage is None for c in chunks)
+
+
+def test_a_non_streamed_answer_always_carries_usage(oai, models):
+    reply = oai.completions.create(model="llama", prompt="one two three", max_tokens=5)
+    assert reply.object == "text_completion" and reply.choices[0].text
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (3, 5)
+    chat = oai.chat.completions.create(model="llama", messages=HI, max_tokens=5)
+    assert chat.object == "chat.completion" and chat.usage.completion_tokens == 5
+
+
+async def test_the_async_client_gets_the_same_answers(aoai, models):
+    reply = await aoai.chat.completions.create(model="llama", messages=HI, n=2, max_tokens=5)
+    assert len(reply.choices) == 2 and reply.usage.completion_tokens == 10
+    stream = await aoai.chat.completions.create(model="llama", messages=HI, max_tokens=5, stream=True,
+                                                stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[-1].usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError):
+        await aoai.chat.completions.create(model="llama", messages=HI, max_tokens=0)
+
+
+# --- a client that leaves stops the engine ------------------------------------------------------
+
+
+def test_a_non_streamed_request_is_asked_as_a_stream_and_a_client_that_leaves_stops_it(servers, models, key):
+    """llama-cpp-python generates a non-streamed answer to the end after its client left;
+    asked for a stream, it stops when the gateway closes it."""
+    with pytest.raises(httpx.TimeoutException):
+        post(servers, "/v1/completions", {"model": "slowllama", "prompt": "x", "max_tokens": 400}, key, timeout=1.0)
+    sent = records(servers, "slowllama")[-1]
+    assert sent["stream"] is True and sent["max_tokens"] == 400
+    wait_until(lambda: records(servers, "slowllama", "cancelled"), timeout_s=10,
+               what="the engine to see the request cancelled")
+    # 400 tokens take 10 s: it stopped for the client that left.
+    assert not [r for r in records(servers, "slowllama", "completed") if r["path"] == "/v1/completions"]
+    wait_until(lambda: UsageRecord.objects.filter(model_name="slowllama", status=499, stream=False).exists(),
+               timeout_s=10, what="the 499 usage record")
+
+
+# --- engine errors -------------------------------------------------------------------------------
+
+
+def test_an_engine_500_is_a_502_engine_error_on_one_line_and_its_status_is_kept(oai, models):
+    with pytest.raises(openai.InternalServerError) as failed:
+        oai.chat.completions.create(model="broken", messages=HI, max_tokens=3)
+    error = failed.value.body
+    assert failed.value.status_code == 502 and error["code"] == "engine_error"
+    assert "\n" not in error["message"] and "/opt/engine" not in error["message"], error
+    assert "CUDA out of memory" in error["message"]
+    wait_until(lambda: UsageRecord.objects.filter(model_name="broken", status=502, upstream_status=500).exists(),
+               timeout_s=10, what="a usage record with the engine's own status")
+
+
+def test_an_engines_validation_error_is_a_400_naming_the_parameter(oai, models):
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="strict", messages=HI, max_tokens=3)
+    assert refused.value.status_code == 400 and refused.value.body["param"] == "max_tokens"
+
+
+# --- what the model serves, and its limits ---------------------------------------------------
+
+
+def test_an_endpoint_the_model_does_not_serve_is_a_404_naming_those_it_does(oai, servers, models):
+    before = len(records(servers, "llama"))
+    with pytest.raises(openai.NotFoundError) as refused:
+        oai.embeddings.create(model="llama", input="x")
+    message = refused.value.body["message"]
+    assert "/v1/embeddings" in message and "/v1/chat/completions" in message and "/v1/completions" in message
+    assert len(records(servers, "llama")) == before  # never reached the engine
+
+
+def test_the_models_limits_are_openais_400s_before_the_engine(oai, servers, models):
+    before = len(records(servers, "llama"))
+    with pytest.raises(openai.BadRequestError) as over_output:
+        oai.chat.completions.create(model="llama", messages=HI, max_tokens=200)
+    assert over_output.value.body["param"] == "max_tokens" and "100" in over_output.value.body["message"]
+    Model.objects.filter(name="llama").update(max_output_tokens=None)
+    wait_until(lambda: post(servers, "/v1/chat/completions", {"model": "llama", "messages": HI, "max_tokens": 600},
+                            oai.api_key).json()["error"]["code"] == "context_length_exceeded",
+               timeout_s=10, what="the context limit (512, from --n_ctx) to apply")
+    with pytest.raises(openai.BadRequestError) as over_context:
+        oai.chat.completions.create(model="llama", messages=HI, max_completion_tokens=600)
+    assert "512" in over_context.value.body["message"]
+    for bad in (0, -1):
+        with pytest.raises(openai.BadRequestError):
+            oai.chat.completions.create(model="llama", messages=HI, max_tokens=bad)
+    assert len(records(servers, "llama")) == before
+
+
+def test_models_list_shows_capabilities_and_limits(oai, models):
+    listed = {m.id: m for m in oai.models.list()}
+    llama = listed["llama"].model_dump()
+    assert llama["capabilities"] == ["chat/completions", "completions"]
+    assert llama["context_length"] == 512 and llama["max_output_tokens"] == 100
+    assert "embeddings" in listed["honest"].model_dump()["capabilities"]
+
+
+def test_invalid_unicode_is_a_400_naming_where_it_is(servers, models, key):
+    raw = b'{"model": "llama", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    r = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
+    r = httpx.post(servers["url"] + "/v1/chat/completions", content=b'{"model": "\\udc00", "messages": []}',
+                   headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+
+
+def test_an_unknown_role_is_openais_400(oai, models):
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="llama", messages=[{"role": "wizard", "content": "x"}])
+    assert refused.value.body["param"] == "messages[0].role" and refused.value.body["code"] == "invalid_value"
+
