@@ -9,6 +9,7 @@ bounded number of examples per endpoint."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from django.utils import timezone
 
-from catalog.models import Model
+from catalog.models import Model, Profile
 from fleet.models import Agent
 from gateway.models import ApiKey
 from tests.processes import fake_engine, free_port, wait_for_port, wait_until, web_server
@@ -26,8 +27,9 @@ from tests.replicas import routed_to, serve
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-MAX_EXAMPLES = 150
-MODELS = ("plain", "ext")
+#: Examples per endpoint; LLMGW_FUZZ_EXAMPLES=1500 for a longer hunt (about a minute).
+MAX_EXAMPLES = int(os.environ.get("LLMGW_FUZZ_EXAMPLES", "150"))
+MODELS = ("plain", "ext", "llama")  # llama: llama-cpp-python's traits, so the gateway composes answers
 
 # --- strategies ----------------------------------------------------------------------------------
 
@@ -179,10 +181,11 @@ def bodies(path: str) -> st.SearchStrategy:
 @pytest.fixture(scope="module")
 def servers(django_db_setup, tmp_path_factory):
     logs = tmp_path_factory.mktemp("fuzz")
-    ports = {name: free_port() for name in ("plain", "external", "web")}
+    ports = {name: free_port() for name in ("plain", "external", "llama", "web")}
     engines = [fake_engine(ports["plain"], logs, "--tokens", "2"),
-               fake_engine(ports["external"], logs, "--tokens", "2", name="upstream-model")]
-    for name in ("plain", "external"):
+               fake_engine(ports["external"], logs, "--tokens", "2", name="upstream-model"),
+               fake_engine(ports["llama"], logs, "--tokens", "2", "--no-usage-chunk")]
+    for name in ("plain", "external", "llama"):
         wait_for_port(ports[name])
     web = web_server(ports["web"], logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_MAX_BODY_BYTES": "65536"})
     yield {"ports": ports, "url": f"http://127.0.0.1:{ports['web']}", "web": web}
@@ -198,6 +201,9 @@ def key(servers, make_model, transactional_db) -> str:
                 external_api_key="upstream-secret", min_replicas=0, max_replicas=0)
     ext.full_clean()
     ext.save()
+    llama_profile = Profile.from_preset("llama-cpp-python-cpu", name="llama")
+    llama_profile.save()
+    serve(make_model("llama", profile=llama_profile), servers["ports"]["llama"])
     key = ApiKey.create_key("fuzz")[1]
     wait_until(lambda: routed_to(httpx.post(servers["url"] + "/v1/embeddings", json={"model": "plain", "input": "x"},
                                             headers={"Authorization": f"Bearer {key}"}, timeout=30), replica),
