@@ -166,6 +166,15 @@ class ExplainScalingEventSerializer(serializers.Serializer):
         return fields
 
 
+class ExplainLimitsSerializer(serializers.Serializer):
+    """A model's token limits in force and the endpoints it serves (``catalog.models.limits_info``)."""
+
+    context_length = serializers.IntegerField(allow_null=True, help_text="Tokens; null: unknown.")
+    max_output_tokens = serializers.IntegerField(allow_null=True, help_text="Tokens; null: up to the context.")
+    served_endpoints = serializers.ListField(child=serializers.CharField(), help_text="Under /v1/, sorted.")
+    text = serializers.CharField(help_text="The limits in words.")
+
+
 class ExplainSerializer(serializers.Serializer):
     """``llmgw explain MODEL --json``: why a model has the replicas it has."""
 
@@ -193,3 +202,4 @@ class ExplainSerializer(serializers.Serializer):
     scaling_events = ExplainScalingEventSerializer(many=True, help_text="The last five, newest first.")
     last_failure = serializers.CharField(allow_null=True, help_text="The newest failed replica's error.")
     replicas = ExplainReplicaSerializer(many=True)
+    limits = ExplainLimitsSerializer()
