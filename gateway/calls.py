@@ -36,7 +36,7 @@ from fleet.live import Endpoint
 from gateway import assembly, metrics, sse
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
-from gateway.relay import engine_error_response, relay
+from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
 from gateway.tokenize import count_tokens
 from gateway.upstream import Refused, copy_headers, open_upstream, upstream_client, upstream_url
@@ -302,7 +302,8 @@ def _streamed(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind:
                 last = data
                 if sse.has_content(data):
                     ex.content_chunks += 1
-                yield assembly.encode_event(data)
+                event = assembly.encode_event(data)
+                yield contained_error_event(event, ex) if "error" in data else event
             if usage is None:
                 usage = assembly.make_usage(await _prompt_tokens(prompt), ex.content_chunks)
             else:

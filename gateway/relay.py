@@ -18,7 +18,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import live
 from gateway import assembly, metrics, sse
-from gateway.engine_errors import map_engine_error
+from gateway.engine_errors import map_engine_error, one_line
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
@@ -35,6 +35,27 @@ def engine_error_response(status: int, content_type: str, raw: bytes, ex: Exchan
     "Gateway rules": errors). The usage record keeps the upstream's own status."""
     status, message, code, param = map_engine_error(status, content_type, raw, ex.model_label, ex.path)
     return openai_error(status, message, code=code, param=param)
+
+
+def contained_error_event(event: bytes, ex: Exchange) -> bytes:
+    """An engine's error event inside a stream (``data: {"error": ...}``), as OpenAI sends
+    one: its message on one line without tracebacks or file paths
+    (``gateway.engine_errors.one_line``), ``type`` and ``code`` kept or ``api_error`` /
+    ``engine_error``. Any other event is returned as it came."""
+    data = sse.event_json(event)
+    if data is None or data.get("choices") or "error" not in data:
+        return event
+    error = data["error"]
+    if isinstance(error, dict):
+        message, kind, code, param = error.get("message"), error.get("type"), error.get("code"), error.get("param")
+    else:
+        message, kind, code, param = error, None, None, None
+    shown = one_line(message if isinstance(message, str) else json.dumps(message)) or (
+        f"The engine serving '{ex.model_label}' failed in the middle of the answer.")
+    return assembly.encode_event({"error": {
+        "message": shown, "type": kind if isinstance(kind, str) and kind else "api_error",
+        "param": param if isinstance(param, str) else None,
+        "code": code if isinstance(code, str) and code else "engine_error"}})
 
 
 async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
@@ -113,6 +134,8 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                             ex.content_chunks += 1
                     elif sse.may_have_content(event):
                         ex.content_chunks += 1
+                    if b'"error"' in event:
+                        event = contained_error_event(event, ex)
                     if (b"[DONE]" in event or b"event:" in event) and sse.is_done(event):
                         ends = True
                         if add_usage and not usage_seen and kind is not None:

@@ -322,6 +322,14 @@ class Engine:
                 else:
                     choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
                 await self.write_event(writer, dumps({**head, "choices": [choice]}))
+                if self.args.stream_error and i == 1:  # an engine failing mid-answer, as vLLM reports it
+                    await self.write_event(writer, dumps({"error": {"message": self.args.stream_error,
+                                                                    "type": "InternalServerError", "code": 500}}))
+                    await self.write_event(writer, b"[DONE]")
+                    await self.stop_watching(watcher)
+                    writer.write(b"0\r\n\r\n")
+                    await writer.drain()
+                    return False
             if delay:
                 await asyncio.wait({watcher}, timeout=delay)
             self.check_alive(watcher, writer)
@@ -462,6 +470,7 @@ def parse_args(argv=None):
                    help="answer every inference POST with this status and --error-body")
     p.add_argument("--error-body", default='{"detail":"fake failure"}', help="the body: text, or @FILE")
     p.add_argument("--error-content-type", default="application/json")
+    p.add_argument("--stream-error", default="", help="end streams after two chunks with this error event")
     p.add_argument("--fastapi-422", action="store_true", help="answer 422 with FastAPI's detail list")
     p.add_argument("--honor-n", action="store_true", help="n choices (default: n is ignored, one choice)")
     p.add_argument("--no-usage-chunk", action="store_true",

@@ -33,6 +33,8 @@ ENGINES = {
     "broken": ("--error-status", "500", "--error-body", TRACEBACK_500),
     "strict": ("--fastapi-422",),
     "honest": ("--tokens", "4", "--honor-n"),
+    "midway": ("--tokens", "6", "--stream-error", "Traceback (most recent call last):\n  File \"/srv/vllm/engine.py\", "
+               "line 9, in step\nRuntimeError: the engine died"),
 }
 
 
@@ -263,3 +265,13 @@ def test_an_unknown_role_is_openais_400(oai, models):
         oai.chat.completions.create(model="llama", messages=[{"role": "wizard", "content": "x"}])
     assert refused.value.body["param"] == "messages[0].role" and refused.value.body["code"] == "invalid_value"
 
+
+
+def test_an_engines_error_inside_a_stream_reaches_the_client_on_one_line(servers, models, key):
+    with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=30,
+                      json={"model": "midway", "messages": HI, "max_tokens": 6, "stream": True},
+                      headers={"Authorization": f"Bearer {key}"}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
+    assert len(errors) == 1, events
+    assert errors[0]["message"] == "RuntimeError: the engine died" and errors[0]["code"] == "engine_error", errors
