@@ -86,6 +86,7 @@ def models(servers, make_model, llama_profile, key):
         extra = {"profile": profile} if profile else {}
         if name == "llama":
             extra["max_output_tokens"] = 100
+            extra["aliases"] = "llama-alias"
         made[name] = make_model(name, **extra)
         replica = serve(made[name], servers["ports"][name])
         wait_until(lambda: routed_to(post(servers, "/v1/chat/completions",
@@ -275,3 +276,12 @@ def test_an_engines_error_inside_a_stream_reaches_the_client_on_one_line(servers
     errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
     assert len(errors) == 1, events
     assert errors[0]["message"] == "RuntimeError: the engine died" and errors[0]["code"] == "engine_error", errors
+
+
+def test_a_request_by_alias_is_recorded_under_the_models_name(oai, models):
+    before = UsageRecord.objects.filter(model_name="llama").count()
+    reply = oai.chat.completions.create(model="llama-alias", messages=HI, max_tokens=2)
+    assert reply.choices
+    wait_until(lambda: UsageRecord.objects.filter(model_name="llama").count() > before, timeout_s=10,
+               what="the usage record")
+    assert not UsageRecord.objects.filter(model_name="llama-alias").exists()
