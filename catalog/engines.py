@@ -48,6 +48,12 @@ class EngineTraits:
     streams_usage: bool
     tokenize_path: str | None
     tokenize_field: str | None
+    #: A completions ``prompt`` that is a list of several texts (llama-cpp-python: one only).
+    serves_prompt_lists: bool = True
+    #: The ``developer`` role (llama-cpp-python knows system, user, assistant, tool, function).
+    knows_developer_role: bool = True
+    #: ``echo`` honoured in a stream (llama-cpp-python drops it there).
+    echoes_in_streams: bool = True
 
     def tokenize_body(self, text: str) -> dict[str, str]:
         """The JSON body of a tokenizer request for ``text``; ValueError if it has none."""
@@ -66,6 +72,11 @@ _BEHAVIOUR: dict[str, tuple[bool, bool, bool, str | None, str | None]] = {
     "llama_server": (False, True, True, "/tokenize", "content"),
     "vllm": (True, True, True, "/tokenize", "prompt"),
     "sglang": (True, True, True, None, None),
+}
+
+#: What else an engine does otherwise than OpenAI (checked on llama-cpp-python 0.3.36).
+_QUIRKS: dict[str, dict[str, bool]] = {
+    "llama_cpp_python": {"serves_prompt_lists": False, "knows_developer_role": False, "echoes_in_streams": False},
 }
 
 #: The flags that carry the context length, per engine.
@@ -155,4 +166,4 @@ def engine_traits(engine: str, command: str) -> EngineTraits:
         return EngineTraits(engine or "custom", frozenset(ALL_ENDPOINTS), None, True, True, True, None, None)
     serves_n, cancels, usage, path, field = _BEHAVIOUR[engine]
     return EngineTraits(engine, default_endpoints(engine, command), context_length_from_command(engine, command),
-                        serves_n, cancels, usage, path, field)
+                        serves_n, cancels, usage, path, field, **_QUIRKS.get(engine, {}))

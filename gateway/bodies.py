@@ -82,11 +82,12 @@ def _positive_int(value) -> bool:
     return validation.is_integer(value) and value > 0  # 16.0 is a limit too
 
 
-def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
-                   default_max_tokens: int | None) -> tuple[bytes, bool]:
+def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max_tokens: int | None,
+                  traits=None) -> tuple[bytes, bool]:
     """The request body to send upstream, and whether to strip the usage chunk again.
 
-    Only what the client left out is added; otherwise its bytes go through untouched:
+    Only what the client left out is added, or what the engine would misread changed;
+    otherwise its bytes go through untouched:
 
     * a stream gets ``stream_options.include_usage`` (so usage is recorded);
     * with ``bound`` (a generating request to a replica served here):
@@ -94,7 +95,9 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
       server ignores the newer name, and would generate until its context is full —; and
       when neither names a positive count, the model's ``default_max_tokens`` becomes
       ``max_tokens`` (0 or -1 mean "no limit" to llama.cpp). An unbounded request can hold
-      a CPU replica for minutes."""
+      a CPU replica for minutes;
+    * with ``traits`` (``catalog.engines.EngineTraits``) of an engine that does not know the
+      ``developer`` role, such messages go as ``system`` (what OpenAI's older models do)."""
     patched: dict | None = None
     strip_usage = False
     if stream:
@@ -108,8 +111,31 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool,
         if limit is not None:
             patched = dict(body) if patched is None else patched
             patched["max_tokens"] = limit
+    if traits is not None and not traits.knows_developer_role:
+        messages = developer_as_system(body.get("messages"))
+        if messages is not None:
+            patched = dict(body) if patched is None else patched
+            patched["messages"] = messages
     return (raw if patched is None else json.dumps(patched).encode()), strip_usage
 
+
+def developer_as_system(messages) -> list | None:
+    """``messages`` with every ``developer`` message as a ``system`` one, or None when there
+    is none (nothing to change)."""
+    if not isinstance(messages, list) or not any(isinstance(m, dict) and m.get("role") == "developer"
+                                                 for m in messages):
+        return None
+    return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages]
+
+
+def requested_tokens(body: dict, default_max_tokens: int | None) -> int:
+    """The completion tokens a generating request asks for: ``max_tokens``, else
+    ``max_completion_tokens``, else the model's default; 0 when none says (the engine's
+    own limit applies)."""
+    given = body.get("max_tokens")
+    if _positive_int(given):
+        return int(given)
+    return int(token_bound(body, default_max_tokens) or 0)
 
 
 def token_bound(body: dict, default_max_tokens: int | None) -> int | None:
@@ -130,3 +156,17 @@ def asks_usage(body: dict) -> bool:
     (``stream_options.include_usage``)."""
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def context_problem(path: str, prompt_tokens: int, completion_tokens: int,
+                    context_length: int | None) -> tuple[str, str, str] | None:
+    """OpenAI's ``context_length_exceeded`` as ``(param, message, code)`` when a prompt of
+    ``prompt_tokens`` and the ``completion_tokens`` asked for (0: none named) do not fit in
+    ``context_length`` (None: unknown, never a problem); else None. Counts are tokens."""
+    if not context_length or prompt_tokens + completion_tokens <= context_length:
+        return None
+    param, where = ("messages", "messages") if path == "chat/completions" else ("prompt", "prompt")
+    asked = (f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the {where}, {completion_tokens} in "
+             f"the completion)") if completion_tokens else f"{prompt_tokens} tokens in the {where}"
+    return (param, f"This model's maximum context length is {context_length} tokens. However, you requested "
+                   f"{asked}. Please reduce the length of the {where} or completion.", "context_length_exceeded")

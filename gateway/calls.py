@@ -34,12 +34,12 @@ from django.http import HttpResponse, StreamingHttpResponse
 from fleet import live
 from fleet.live import Endpoint
 from gateway import assembly, metrics, sse
+from gateway.bodies import developer_as_system
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
-from gateway.tokenize import count_tokens
-from gateway.upstream import Refused, copy_headers, open_upstream, upstream_client, upstream_url
+from gateway.upstream import Refused, copy_headers, open_upstream, upstream_url
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,12 @@ def _replica_headers(endpoint: Endpoint, ex: Exchange) -> dict[str, str]:
             "X-Llmgw-Overhead-Ms": f"{ex.overhead_s * 1000:.2f}"}
 
 
-async def forward(model, out: Outgoing, endpoint: Endpoint, ex: Exchange, add_usage: bool = False) -> HttpResponse:
+async def forward(model, out: Outgoing, endpoint: Endpoint, ex: Exchange, body: dict,
+                  add_usage: bool = False) -> HttpResponse:
     """``out`` sent to ``endpoint`` and the answer relayed as the engine gives it
     (``gateway.relay``). ``add_usage``: the client asked for the usage chunk; one is added
-    if the engine's stream has none."""
+    if the engine's stream has none. A stream that ends before its first event is answered
+    by :func:`probe` (``body`` is the client's)."""
     ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
     try:
         opened = await open_on_replica(model, out, endpoint, ex)
@@ -119,51 +121,119 @@ async def forward(model, out: Outgoing, endpoint: Endpoint, ex: Exchange, add_us
         return ex.answer(opened)
     upstream, endpoint = opened
     ex.replica_id = endpoint.replica_id
+
+    async def on_empty() -> HttpResponse:
+        return await probe(model, out.path, body, out.query, out.headers, endpoint, ex)
+
     return await relay(upstream, ex, endpoint.replica_id, out.strip_usage, _replica_headers(endpoint, ex),
-                       add_usage=add_usage)
+                       add_usage=add_usage, on_empty=on_empty)
+
+
+async def probe(model, path: str, body: dict, query: bytes, headers: dict[str, str], endpoint: Endpoint,
+                ex: Exchange) -> HttpResponse:
+    """Why an engine ended a stream before its first event (llama-cpp-python raises inside
+    a stream that has started, e.g. for a prompt over its context): the request asked again
+    without a stream and one token long, so the engine's own error comes back, mapped
+    (``gateway.relay``); 502 ``engine_error`` if it then answers."""
+    asked = {k: v for k, v in body.items() if k not in ("n", "stream", "stream_options")}
+    asked["max_tokens"] = 1
+    if isinstance(asked.get("prompt"), list) and asked["prompt"] and isinstance(asked["prompt"][0], str):
+        asked["prompt"] = asked["prompt"][0]
+    opened = await open_on_replica(model, Outgoing(path, query, json.dumps(asked).encode(), headers, False),
+                                   endpoint, ex)
+    if isinstance(opened, HttpResponse):
+        return ex.answer(opened)
+    upstream, endpoint = opened
+    if upstream.status >= 400:
+        return await relay(upstream, ex, endpoint.replica_id, False, _replica_headers(endpoint, ex))
+    upstream.close()
+    live.end_request(endpoint.replica_id)
+    return ex.answer(openai_error(502, f"The engine serving '{model.name}' ended its stream without an answer.",
+                                  code="engine_error"))
 
 
 @dataclass(frozen=True)
 class Composition:
-    """How :func:`compose` builds one answer: ``legs`` upstream streams (n for a fan-out, else
-    1); ``client_stream`` whether the client gets a stream (else one JSON answer);
-    ``include_usage`` whether the client's stream asked for the usage chunk; the engine's
-    tokenizer path (None: prompt tokens are 0 unless the engine counts them) and kind."""
+    """How :func:`compose` builds one answer: ``n`` choices per prompt from as many upstream
+    streams, for each of ``prompts`` (None: the body's own prompt or messages, once);
+    ``client_stream`` whether the client gets a stream (else one JSON answer);
+    ``include_usage`` whether the client's stream asked for the usage chunk;
+    ``prompt_tokens`` the prompt's count where the gateway has it (the engine's tokenizer),
+    ``echo`` the prompt put before each completion (an engine that drops ``echo`` in
+    streams), ``developer_as_system`` (an engine that does not know that role)."""
 
-    legs: int
+    n: int
     client_stream: bool
     include_usage: bool
-    tokenize_path: str | None = None
-    engine: str | None = None
+    prompts: tuple[str, ...] | None = None
+    prompt_tokens: int | None = None
+    echo: bool = False
+    developer_as_system: bool = False
+
+    @property
+    def legs(self) -> int:
+        return self.n * (len(self.prompts) if self.prompts else 1)
 
 
-def leg_bodies(body: dict, legs: int, max_tokens: int | None) -> list[bytes]:
-    """The bodies of a composition's upstream streams: ``body`` split into ``legs`` requests
-    with ``n`` = 1 (:func:`gateway.assembly.split_n`) when ``legs`` > 1, each a stream asking
-    for usage, with ``max_tokens`` set when given (``gateway.bodies.token_bound``)."""
-    bodies = assembly.split_n(body, legs) if legs > 1 else [dict(body)]
+def leg_bodies(body: dict, how: Composition, max_tokens: int | None) -> list[bytes]:
+    """The bodies of a composition's upstream streams, in choice order (prompt i's choice j
+    is choice ``i * n + j``, as OpenAI orders them): ``n`` = 1 each (the seed stepped,
+    :func:`gateway.assembly.split_n`), a stream asking for usage, ``max_tokens`` set when
+    given (``gateway.bodies.token_bound``)."""
+    bodies = []
+    for prompt in how.prompts or (None,):
+        one = dict(body) if prompt is None else {**body, "prompt": prompt}
+        bodies += assembly.split_n(one, how.n) if how.n > 1 else [one]
     encoded = []
     for leg in bodies:
         leg.pop("n", None)
+        if how.echo:
+            leg.pop("echo", None)  # put back by the gateway
         leg["stream"] = True
         options = leg.get("stream_options") if isinstance(leg.get("stream_options"), dict) else {}
         leg["stream_options"] = {**options, "include_usage": True}
         if max_tokens is not None:
             leg["max_tokens"] = max_tokens
+        if how.developer_as_system and (messages := developer_as_system(leg.get("messages"))):
+            leg["messages"] = messages
         encoded.append(json.dumps(leg).encode())
     return encoded
 
 
+class StreamEnded(Exception):
+    """An upstream stream ended without its ``[DONE]``: before any event (``empty``: the
+    engine failed to start the answer) or in the middle of it."""
+
+    def __init__(self, empty: bool) -> None:
+        super().__init__("the engine's stream ended before any event" if empty else
+                         "the engine's stream ended before [DONE]")
+        self.empty = empty
+
+
 async def _leg_chunks(upstream: aiohttp.ClientResponse, replica_id: int, ex: Exchange):
-    """One leg's chunks (parsed JSON) until its ``[DONE]``; the upstream released when whole,
-    closed otherwise (the engine sees the request end), and counted out of its replica."""
+    """One leg's chunks (parsed JSON) until its ``[DONE]`` (:class:`StreamEnded` if none
+    comes); the upstream released when whole, closed otherwise (the engine sees the request
+    end), and counted out of its replica."""
     whole = False
+    limit = settings.LLMGW_MAX_UPSTREAM_BODY_BYTES
     try:
-        async for data in assembly.stream_chunks(upstream.content.iter_any(), settings.LLMGW_MAX_UPSTREAM_BODY_BYTES):
-            if ex.ttft_s is None:
-                ex.ttft_s = time.monotonic() - ex.started
-            yield data
-        whole = True
+        buffer, events_seen = b"", 0
+        async for piece in upstream.content.iter_any():
+            buffer += piece
+            events, buffer = sse.split_events(buffer)
+            if len(buffer) > limit:
+                raise assembly.EventTooLarge(f"an event is over {limit} bytes")
+            for event in events:
+                if (b"[DONE]" in event or b"event:" in event) and sse.is_done(event):
+                    whole = True
+                    return
+                data = sse.event_json(event)
+                if data is not None:
+                    events_seen += 1
+                    if ex.ttft_s is None:
+                        ex.ttft_s = time.monotonic() - ex.started
+                    yield data
+        raise StreamEnded(empty=events_seen == 0)
     finally:
         if whole:
             upstream.release()
@@ -172,12 +242,15 @@ async def _leg_chunks(upstream: aiohttp.ClientResponse, replica_id: int, ex: Exc
         live.end_request(replica_id)
 
 
+_BROKEN = (aiohttp.ClientError, asyncio.TimeoutError, assembly.EventTooLarge, StreamEnded)
+
+
 async def compose(model, path: str, body: dict, query: bytes, headers: dict[str, str], endpoint: Endpoint,
                   ex: Exchange, how: Composition, max_tokens: int | None) -> HttpResponse:
     """One answer for ``body`` built from ``how.legs`` upstream streams (see the module
     docstring), the first on ``endpoint``, the others on the model's least-loaded replicas.
-    An upstream that answers an error first is relayed as any engine error (mapped); the
-    other legs are closed."""
+    An upstream that answers an error is relayed as any engine error (mapped), one that ends
+    before its first event is asked why (:func:`probe`); the other legs are closed."""
     kind = assembly.kind_of(path)
     ex.overhead_s = time.monotonic() - ex.started
     opened: list[tuple[aiohttp.ClientResponse, Endpoint]] = []
@@ -189,7 +262,7 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         opened.clear()
 
     try:
-        for i, content in enumerate(leg_bodies(body, how.legs, max_tokens)):
+        for i, content in enumerate(leg_bodies(body, how, max_tokens)):
             if i:
                 endpoint = choose(live.current_view().routes.get(model.id, ())) or endpoint
             leg = await open_on_replica(model, Outgoing(path, query, content, headers, False), endpoint, ex)
@@ -209,85 +282,83 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
     first, first_endpoint = opened[0]
     ex.replica_id = first_endpoint.replica_id
     ex.upstream_status = first.status
-    prompt = _prompt_count(path, body, first_endpoint, how)
     streams = [_leg_chunks(upstream, leg_endpoint.replica_id, ex) for upstream, leg_endpoint in opened]
     opened.clear()  # each leg's stream ends it now
     merged = assembly.merge_streams(streams)
+    try:
+        head = await merged.__anext__()  # the answer's status is known once it has begun
+    except StopAsyncIteration:
+        head = None
+    except asyncio.CancelledError:
+        await merged.aclose()
+        ex.finish(499)
+        raise
+    except _BROKEN as exc:
+        await merged.aclose()
+        if isinstance(exc, StreamEnded) and exc.empty:
+            return await probe(model, path, body, query, headers, first_endpoint, ex)
+        log.warning("upstream stream broke: %s", exc or type(exc).__name__)
+        return ex.answer(openai_error(502, f"The engine's answer broke off ({type(exc).__name__}).",
+                                      code="upstream_error"))
     extra = _replica_headers(first_endpoint, ex)
     if how.client_stream:
-        return _streamed(merged, prompt, first, ex, kind, how, extra)
-    return await _assembled(merged, prompt, first, ex, kind, extra)
-
-
-def _prompt_count(path: str, body: dict, endpoint: Endpoint, how: Composition) -> asyncio.Future | int | None:
-    """The prompt's token count, or a task counting it with the engine's tokenizer (started
-    now, beside generation), or None when nothing can count it."""
-    given = assembly.prompt_token_ids_count(path, body)
-    if given is not None:
-        return given
-    if how.tokenize_path is None:
-        return None
-    text = assembly.prompt_text(path, body)
-    return asyncio.ensure_future(count_tokens(upstream_client(), endpoint.url, endpoint.key, how.tokenize_path, text,
-                                              engine=how.engine))
-
-
-async def _prompt_tokens(prompt: asyncio.Future | int | None) -> int:
-    if isinstance(prompt, asyncio.Future):
-        try:
-            return await asyncio.wait_for(asyncio.shield(prompt), 2.0) or 0
-        except asyncio.TimeoutError:
-            prompt.cancel()
-            return 0
-    return prompt or 0
-
-
-def _drop(prompt: asyncio.Future | int | None) -> None:
-    if isinstance(prompt, asyncio.Future) and not prompt.done():
-        prompt.cancel()
+        response = _streamed(head, merged, ex, kind, how)
+    else:
+        response = await _assembled(head, merged, ex, kind, how)
+    if response.status_code == 200:
+        copy_headers(first, response, extra)
+        if "openai-processing-ms" in response:  # the first leg's, not the answer's
+            del response["openai-processing-ms"]
+    return response
 
 
 def _usage_of(data: dict) -> dict | None:
     return data["usage"] if not data.get("choices") and isinstance(data.get("usage"), dict) else None
 
 
-async def _assembled(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind: str,
-                     extra: dict[str, str]) -> HttpResponse:
+async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Composition) -> HttpResponse:
     assembler = assembly.StreamAssembler(kind)
     try:
+        if head is not None:
+            assembler.feed(head)
         async for data in merged:
             assembler.feed(data)
     except asyncio.CancelledError:
-        _drop(prompt)
-        ex.finish(499)  # the client went away; every leg's upstream is closed
+        ex.completion_tokens = assembler.content_chunks  # what the engine made before the client left
+        ex.finish(499)  # every leg's upstream is closed
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, assembly.EventTooLarge) as exc:
-        _drop(prompt)
+    except _BROKEN as exc:
         log.warning("upstream stream broke: %s", exc or type(exc).__name__)
         return ex.answer(openai_error(502, f"The engine's answer broke off ({type(exc).__name__}).",
                                       code="upstream_error"))
     finally:
         await merged.aclose()
     if assembler.error is not None:
-        _drop(prompt)
         return ex.answer(engine_error_response(500, "application/json",
                                                json.dumps({"error": assembler.error}).encode(), ex))
     usage = None
     if assembler.usage is None:
-        usage = assembly.make_usage(await _prompt_tokens(prompt), assembler.content_chunks)
-    else:
-        _drop(prompt)
+        usage = assembly.make_usage(how.prompt_tokens or 0, assembler.content_chunks)
     answer = assembler.answer(usage)
+    if how.echo and kind == "completion":
+        prompts = how.prompts or ()
+        for choice in answer["choices"]:
+            index = choice["index"] // how.n
+            if index < len(prompts):
+                choice["text"] = prompts[index] + choice["text"]
     ex.note_usage(answer)
-    response = HttpResponse(json.dumps(answer), content_type="application/json")
-    copy_headers(first, response, extra)
-    return ex.answer(response)
+    return ex.answer(HttpResponse(json.dumps(answer), content_type="application/json"))
 
 
-def _streamed(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind: str, how: Composition,
-              extra: dict[str, str]) -> StreamingHttpResponse:
+def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Composition) -> StreamingHttpResponse:
     if ex.model_label != "unknown":
         metrics.IN_FLIGHT.labels(ex.model_label).inc()
+
+    async def chunks():
+        if head is not None:
+            yield head
+        async for data in merged:
+            yield data
 
     async def events():
         status = 200
@@ -295,7 +366,7 @@ def _streamed(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind:
         usage: dict | None = None
         done = False
         try:
-            async for data in merged:
+            async for data in chunks():
                 if (found := _usage_of(data)) is not None:
                     usage = found
                     continue
@@ -305,15 +376,13 @@ def _streamed(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind:
                 event = assembly.encode_event(data)
                 yield contained_error_event(event, ex) if "error" in data else event
             if usage is None:
-                usage = assembly.make_usage(await _prompt_tokens(prompt), ex.content_chunks)
-            else:
-                _drop(prompt)
+                usage = assembly.make_usage(how.prompt_tokens or 0, ex.content_chunks)
             ex.note_usage({"usage": usage})
             if how.include_usage:
                 yield assembly.usage_chunk(last, usage, kind, model=ex.model_label)
             done = True
             yield assembly.DONE_EVENT
-        except (aiohttp.ClientError, asyncio.TimeoutError, assembly.EventTooLarge) as exc:
+        except _BROKEN as exc:
             log.warning("upstream stream broke: %s", exc or type(exc).__name__)
             status = 502
             error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
@@ -324,14 +393,14 @@ def _streamed(merged, prompt, first: aiohttp.ClientResponse, ex: Exchange, kind:
                 status = 499
             raise
         finally:
-            _drop(prompt)
             await merged.aclose()
             if ex.model_label != "unknown":
                 metrics.IN_FLIGHT.labels(ex.model_label).dec()
+            if ex.completion_tokens is None:
+                ex.completion_tokens = ex.content_chunks
             ex.finish(status)
 
     response = StreamingHttpResponse(events(), status=200, content_type="text/event-stream")
-    copy_headers(first, response, extra)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

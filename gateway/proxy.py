@@ -37,14 +37,16 @@ from django.utils import timezone
 from catalog.models import Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
-from gateway import cache, calls, endpoints, held, metrics, validation
+from gateway import assembly, cache, calls, endpoints, held, metrics, validation
 from gateway.auth import authenticate, forbidden
-from gateway.bodies import asks_usage, body_limit_error, parse_body, token_bound, upstream_body
+from gateway.bodies import (asks_usage, body_limit_error, context_problem, parse_body, requested_tokens,
+                            token_bound, upstream_body)
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import relay
 from gateway.routing import choose
-from gateway.upstream import Refused, client_query, open_upstream, request_headers, upstream_url
+from gateway.tokenize import count_tokens
+from gateway.upstream import Refused, client_query, open_upstream, request_headers, upstream_client, upstream_url
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,12 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     generates = path in _STREAMABLE
     ex.stream = bool(body.get("stream")) and generates
     served_here = generates and not model.is_external
-    content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens)
+    traits = model.engine_traits
+    if served_here and ex.stream and body.get("echo") is True and not traits.echoes_in_streams:
+        return ex.answer(openai_error(400, f"The engine serving '{model.name}' cannot echo the prompt in a stream: "
+                                           "use echo with stream false.", code="unsupported_value", param="echo"))
+    content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens,
+                                         traits if served_here else None)
     headers = request_headers(request, model)
     query = client_query(request)
     if model.is_external:
@@ -117,32 +124,76 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return await relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     try:
         found = await _find_replica(model)
+        if served_here and traits.tokenize_path and not traits.streams_usage:
+            refused = await _count_prompt(model, path, body, found, ex)
+            if refused is not None:
+                return ex.answer(refused)
     except asyncio.CancelledError:
         ex.finish(499)  # the client went away while held (the server cancels the view)
         raise
     if isinstance(found, HttpResponse):
         return ex.answer(found)
-    how = _composition(model, body, ex.stream) if served_here else None
+    how = _composition(model, body, ex.stream, ex.prompt_tokens) if served_here else None
     if how is not None:
         return await calls.compose(model, path, body, query, headers, found, ex, how,
                                    token_bound(body, model.default_max_tokens))
     add_usage = ex.stream and asks_usage(body)
-    return await calls.forward(model, calls.Outgoing(path, query, content, headers, strip_usage), found, ex,
+    return await calls.forward(model, calls.Outgoing(path, query, content, headers, strip_usage), found, ex, body,
                                add_usage=add_usage)
 
 
-def _composition(model, body: dict, stream: bool) -> calls.Composition | None:
+async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) -> HttpResponse | None:
+    """The prompt's tokens counted before the request goes to an engine that reports no
+    usage in streams (llama-cpp-python, whose tokenizer answers between generations: asked
+    first, it costs a few milliseconds rather than waiting behind the answer), kept in
+    ``ex.prompt_tokens``; and OpenAI's 400 ``context_length_exceeded`` when the prompt and
+    the completion asked for do not fit the model's context (llama-cpp-python would end a
+    stream it has begun, or cut the answer short). None: go on."""
+    if not isinstance(endpoint, Endpoint):
+        return None
+    traits = model.engine_traits
+    count = assembly.prompt_token_ids_count(path, body)
+    if count is None:
+        count = await count_tokens(upstream_client(), endpoint.url, endpoint.key, traits.tokenize_path,
+                                   assembly.prompt_text(path, body), timeout_s=_TOKENIZE_TIMEOUT_S,
+                                   engine=traits.engine)
+    if count is None:
+        return None
+    ex.prompt_tokens = count
+    problem = context_problem(path, count, requested_tokens(body, model.default_max_tokens), model.context_limit)
+    if problem is None:
+        return None
+    param, message, code = problem
+    return openai_error(400, message, code=code, param=param)
+
+
+#: How long the prompt's count may wait for the engine's tokenizer (behind a generation in
+#: progress on llama-cpp-python); past it, the request goes on uncounted.
+_TOKENIZE_TIMEOUT_S = 30.0
+
+
+def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> calls.Composition | None:
     """How the gateway builds the answer itself for an engine that would not give it as
     OpenAI does (``gateway.calls``), or None to relay the engine's own: ``n`` > 1 on an
-    engine that ignores it, a non-streamed request to one that cannot cancel it, a usage
-    chunk asked of one whose streams carry none (``model.engine_traits``,
-    ``catalog.engines``)."""
+    engine that ignores it, a list of prompts to one that takes one, a non-streamed request
+    to one that cannot cancel it, a usage chunk asked of one whose streams carry none
+    (``model.engine_traits``, ``catalog.engines``)."""
     traits = model.engine_traits
     n = body.get("n")
     legs = int(n) if validation.is_integer(n) and n > 1 and not traits.serves_n else 1
+    prompt = body.get("prompt")
+    prompts = None
+    if (not traits.serves_prompt_lists and isinstance(prompt, list) and len(prompt) > 1
+            and all(isinstance(p, str) for p in prompt)):
+        prompts = tuple(prompt)
     include_usage = stream and asks_usage(body)
-    if legs > 1 or (not stream and not traits.cancels_unstreamed) or (include_usage and not traits.streams_usage):
-        return calls.Composition(legs, stream, include_usage, traits.tokenize_path, traits.engine)
+    if (legs > 1 or prompts or (not stream and not traits.cancels_unstreamed)
+            or (include_usage and not traits.streams_usage)):
+        echo = body.get("echo") is True and not traits.echoes_in_streams
+        if echo and prompts is None and isinstance(prompt, str):
+            prompts = (prompt,)
+        return calls.Composition(legs, stream, include_usage, prompts, prompt_tokens, echo,
+                                 not traits.knows_developer_role)
     return None
 
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from django.conf import settings
@@ -58,13 +59,29 @@ def contained_error_event(event: bytes, ex: Exchange) -> bytes:
         "code": code if isinstance(code, str) and code else "engine_error"}})
 
 
+async def _opening(upstream: aiohttp.ClientResponse) -> bytes:
+    """A stream's first bytes: read until its first event is complete (or the stream ends,
+    or the bytes pass ``LLMGW_MAX_UPSTREAM_BODY_BYTES``)."""
+    buffer = b""
+    async for chunk in upstream.content.iter_any():
+        buffer += chunk
+        if sse.split_events(buffer)[0] or len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
+            break
+    return buffer
+
+
 async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int | None, strip_usage: bool,
-                extra: dict[str, str], add_usage: bool = False) -> HttpResponse:
+                extra: dict[str, str], add_usage: bool = False,
+                on_empty: Callable[[], Awaitable[HttpResponse]] | None = None) -> HttpResponse:
     """The upstream's answer relayed to the client: a JSON answer read whole (bounded) and
     sent as it came, an error answer mapped (:func:`engine_error_response`), a stream event
     by event (``strip_usage``: drop the usage chunk the gateway asked for; ``add_usage``:
     the client asked for one, added before ``[DONE]`` if the engine sent none). ``extra``
-    headers are set on the answer; ``replica_id``'s request is counted out at the end."""
+    headers are set on the answer; ``replica_id``'s request is counted out at the end.
+
+    A stream's status is given once its first event has come: one that ends before any is
+    answered by ``on_empty`` (the engine asked why) or 502 ``upstream_stream_broken``; a
+    chat or completions stream that ends without ``[DONE]`` ends with an error event."""
     content_type = upstream.headers.get("content-type", "application/json")
     ex.upstream_status = upstream.status
     if "text/event-stream" not in content_type or upstream.status >= 400:
@@ -102,8 +119,33 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
         copy_headers(upstream, response, extra)
         return ex.answer(response)
 
+    try:
+        opening = await _opening(upstream)
+        ex.ttft_s = time.monotonic() - ex.started
+    except asyncio.CancelledError:
+        upstream.close()
+        if replica_id is not None:
+            live.end_request(replica_id)
+        ex.finish(499)
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        opening = b""
+        log.warning("upstream stream broke before its first event: %s", exc or type(exc).__name__)
+    if not opening.strip():
+        upstream.close()
+        if replica_id is not None:
+            live.end_request(replica_id)
+        if on_empty is not None:
+            return await on_empty()
+        return ex.answer(openai_error(502, f"The upstream serving '{ex.model_label}' ended its stream before any "
+                                           "event.", code="upstream_stream_broken"))
     if ex.model_label != "unknown":
         metrics.IN_FLIGHT.labels(ex.model_label).inc()
+
+    async def pieces():
+        yield opening
+        async for chunk in upstream.content.iter_any():
+            yield chunk
 
     async def events():
         buffer = b""
@@ -113,9 +155,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
         usage_seen = False
         kind = assembly.kind_of(ex.path)
         try:
-            async for chunk in upstream.content.iter_any():
-                if ex.ttft_s is None:
-                    ex.ttft_s = time.monotonic() - ex.started
+            async for chunk in pieces():
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
                 if len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
@@ -140,7 +180,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                         ends = True
                         if add_usage and not usage_seen and kind is not None:
                             # The client asked for usage and the engine sent none: count it.
-                            out.append(assembly.usage_chunk(None, assembly.make_usage(0, ex.content_chunks), kind,
+                            out.append(assembly.usage_chunk(None, assembly.make_usage(ex.prompt_tokens or 0, ex.content_chunks), kind,
                                                             model=ex.model_label))
                             usage_seen = True
                     out.append(event)
@@ -149,7 +189,15 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                     done_sent = done_sent or ends  # handed to the server
             if buffer:
                 yield buffer
+                done_sent = done_sent or sse.is_done(buffer)  # a last event without its blank line
             complete_stream = True
+            if kind is not None and not done_sent:
+                # The engine stopped before [DONE] (it crashed, or raised inside the stream).
+                log.warning("upstream stream for %s ended before [DONE]", ex.model_label)
+                status = 502
+                yield assembly.encode_event({"error": {
+                    "message": f"The engine serving '{ex.model_label}' ended its answer before it was complete.",
+                    "type": "api_error", "param": None, "code": "upstream_stream_broken"}})
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             if not done_sent:
                 # Nothing can be retried after the first byte: say so in the stream itself
