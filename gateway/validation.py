@@ -552,8 +552,9 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     OpenAI's words and codes — ``invalid_type``, ``invalid_value``, ``empty_array``,
     ``missing_required_parameter``, ``integer_below_min_value``, ``decimal_above_max_value``,
     ``array_above_max_length``, ``context_length_exceeded``; ``code`` is None where OpenAI's
-    is (``stream_options`` without ``stream``, a null ``content``, an empty embeddings
-    ``input``) — or None.
+    is (``stream_options`` without ``stream``, ``top_logprobs`` without ``logprobs``, a null
+    ``content``, an empty embeddings ``input``) — or None. Range codes name the parameter's
+    type: ``decimal_*`` for temperature, top_p and the penalties whatever the value's type.
 
     ``body`` is a decoded JSON object (a dict). ``limits`` is ``(context_length,
     max_output_tokens)`` in tokens, either None when unknown: a ``max_tokens`` or
@@ -581,8 +582,8 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
         if problem:
             return problem
         if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
-            return ("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is "
-                                    "used.", "invalid_value")
+            # OpenAI's words and code (null), as for stream_options without stream
+            return "top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.", None
     elif path == "completions" and body.get("prompt") is None:
         return _missing("prompt")  # OpenAI requires it; engines would complete an empty prompt
     elif path == "embeddings" and body.get("input") is None:
