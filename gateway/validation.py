@@ -27,7 +27,9 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
 
 Problem = tuple[str, str, "str | None"]  # (param, message, code)
 
-ROLES = ("system", "user", "assistant", "tool", "function", "developer")
+#: In the order OpenAI lists them in its "Supported values are: ..." (its answer pasted in
+#: moeru-ai/airi#137, 2025).
+ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("none", "auto", "required")
 ENCODING_FORMATS = ("float", "base64")

@@ -194,7 +194,7 @@ def test_a_body_that_breaks_a_rule_names_the_param_and_code(path, body, param, c
 
 @pytest.mark.parametrize("body, message", [
     (one({"role": "robot", "content": "x"}),
-     "Invalid value: 'robot'. Supported values are: 'system', 'user', 'assistant', 'tool', 'function', and "
+     "Invalid value: 'robot'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and "
      "'developer'."),
     (chat(max_tokens=0),
      "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, but got 0 instead."),
