@@ -27,7 +27,9 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
 
 Problem = tuple[str, str, "str | None"]  # (param, message, code)
 
-ROLES = ("system", "user", "assistant", "tool", "function", "developer")
+#: In the order OpenAI lists them in its "Supported values are: ..." (its answer pasted in
+#: moeru-ai/airi#137, 2025).
+ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("none", "auto", "required")
 ENCODING_FORMATS = ("float", "base64")
@@ -163,9 +165,11 @@ def _unsupported(param: str, value, supported) -> Problem:
             "invalid_value")
 
 
-def _range(param: str, value, minimum=None, maximum=None) -> Problem | None:
-    """OpenAI's range errors: ``integer_below_min_value`` / ``decimal_above_max_value``…"""
-    kind = "integer" if integers.is_int(value) else "decimal"
+def _range(param: str, kind: str, value, minimum=None, maximum=None) -> Problem | None:
+    """OpenAI's range errors: ``integer_below_min_value`` / ``decimal_above_max_value``…
+
+    ``kind`` is the parameter's type, ``"integer"`` or ``"decimal"``, not the value's:
+    OpenAI says ``decimal_above_max_value`` for ``temperature: 3`` as for ``2.5``."""
     if minimum is not None and value < minimum:
         return (param, f"Invalid '{param}': {kind} below minimum value. Expected a value >= {minimum}, but got "
                        f"{_shown(value)} instead.", f"{kind}_below_min_value")
@@ -184,7 +188,7 @@ def _number(minimum, maximum):
     def rule(param: str, value) -> Problem | None:
         if not _is_number(value):
             return _wrong_type(param, "a number", value)
-        return _range(param, value, minimum, maximum)
+        return _range(param, "decimal", value, minimum, maximum)
     return rule
 
 
@@ -192,7 +196,7 @@ def _integer(minimum=None, maximum=None):
     def rule(param: str, value) -> Problem | None:
         if not is_integer(value):
             return _wrong_type(param, "an integer", value)
-        return _range(param, value, minimum, maximum)
+        return _range(param, "integer", value, minimum, maximum)
     return rule
 
 
@@ -220,7 +224,12 @@ def _logit_bias(param: str, value) -> Problem | None:
     if not isinstance(value, dict):
         return _wrong_type(param, "an object", value)
     for token, bias in value.items():
-        problem = _number(-100, 100)(f"{param}.{_printable(token)}", bias)
+        here = f"{param}.{_printable(token)}"
+        if not _is_number(bias):
+            return _wrong_type(here, "a number", bias)
+        # OpenAI's schema types a bias as an integer (its range code says so); a fraction passes,
+        # as engines take one
+        problem = _range(here, "integer", bias, -100, 100)
         if problem:
             return problem
     return None
@@ -545,8 +554,9 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     OpenAI's words and codes — ``invalid_type``, ``invalid_value``, ``empty_array``,
     ``missing_required_parameter``, ``integer_below_min_value``, ``decimal_above_max_value``,
     ``array_above_max_length``, ``context_length_exceeded``; ``code`` is None where OpenAI's
-    is (``stream_options`` without ``stream``, a null ``content``, an empty embeddings
-    ``input``) — or None.
+    is (``stream_options`` without ``stream``, ``top_logprobs`` without ``logprobs``, a null
+    ``content``, an empty embeddings ``input``) — or None. Range codes name the parameter's
+    type: ``decimal_*`` for temperature, top_p and the penalties whatever the value's type.
 
     ``body`` is a decoded JSON object (a dict). ``limits`` is ``(context_length,
     max_output_tokens)`` in tokens, either None when unknown: a ``max_tokens`` or
@@ -574,8 +584,10 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
         if problem:
             return problem
         if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
-            return ("top_logprobs", "Invalid 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is "
-                                    "used.", "invalid_value")
+            # OpenAI's words and code (null), as for stream_options without stream
+            return "top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.", None
+    elif path == "completions" and body.get("prompt") is None:
+        return _missing("prompt")  # OpenAI requires it; engines would complete an empty prompt
     elif path == "embeddings" and body.get("input") is None:
         return _missing("input")
     if path == "embeddings":

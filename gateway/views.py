@@ -16,10 +16,16 @@ from llmgw import tokens
 from llmgw.metrics import render
 
 
+def method_not_allowed(allowed: str, message: str) -> HttpResponse:
+    """405 in OpenAI's error shape with the ``Allow`` header RFC 9110 (section 15.5.6)
+    requires: ``allowed`` is the one method the path takes (``"GET"`` or ``"POST"``)."""
+    return openai_error(405, message, headers={"Allow": allowed})
+
+
 @csrf_exempt
 async def models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
-        return openai_error(405, "Use GET for /v1/models.")
+        return method_not_allowed("GET", "Use GET for /v1/models.")
     return await proxy.list_models(request)
 
 
@@ -27,7 +33,7 @@ async def models(request: HttpRequest) -> HttpResponse:
 async def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     """GET /v1/models/NAME (the openai SDK's ``models.retrieve``)."""
     if request.method != "GET":
-        return openai_error(405, f"Use GET for /v1/models/{name}.")
+        return method_not_allowed("GET", f"Use GET for /v1/models/{name}.")
     return await proxy.retrieve_model(request, name)
 
 
@@ -46,7 +52,7 @@ async def v1(request: HttpRequest, path: str) -> HttpResponse:
     if endpoint is None:
         return unknown_url(request)
     if request.method != "POST":
-        return openai_error(405, f"Use POST for /v1/{endpoint}.")
+        return method_not_allowed("POST", f"Use POST for /v1/{endpoint}.")
     return await proxy.proxy(request, endpoint)
 
 

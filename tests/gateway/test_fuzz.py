@@ -135,7 +135,7 @@ GOOD = {
         "encoding_format": st.sampled_from(["float", "base64"]), "user": clean_texts,
     },
 }
-_REQUIRED = {"chat/completions": ("messages",), "completions": (), "embeddings": ("input",)}
+_REQUIRED = {"chat/completions": ("messages",), "completions": ("prompt",), "embeddings": ("input",)}
 
 
 def good_bodies(path: str) -> st.SearchStrategy:

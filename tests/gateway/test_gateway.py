@@ -280,3 +280,23 @@ def test_metrics_can_be_put_behind_a_bearer_token(settings):
     assert answer.status_code == 200 and b"llmgw_" in answer.content
     settings.LLMGW_METRICS_TOKEN = ""
     assert asyncio.run(get()).status_code == 200
+
+
+def test_a_405_names_the_allowed_method_in_an_allow_header():
+    """RFC 9110 (15.5.6): a 405 carries ``Allow``; no server is needed, the views answer it."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    client = AsyncClient()
+    asked = {("get", "/v1/chat/completions"): "POST", ("put", "/v1/completions"): "POST",
+             ("delete", "/v1/embeddings"): "POST", ("post", "/v1/models"): "GET",
+             ("delete", "/v1/models/some-model"): "GET"}
+
+    async def run():
+        return {key: await getattr(client, key[0])(key[1]) for key in asked}
+
+    for key, answer in asyncio.run(run()).items():
+        assert answer.status_code == 405, (key, answer.content)
+        assert answer["Allow"] == asked[key], key
+        assert answer.json()["error"]["type"] == "invalid_request_error"

@@ -48,7 +48,6 @@ VALID = [
                    "max_tokens": 8, "stream": True, "stream_options": {"include_usage": False}}),
     (COMPLETIONS, {"model": "m", "prompt": [1, 2, 3]}),
     (COMPLETIONS, {"model": "m", "prompt": [[1, 2], [3]]}),
-    (COMPLETIONS, {"model": "m"}),  # engines default the prompt
     (EMBEDDINGS, {"model": "m", "input": "x"}),
     (EMBEDDINGS, {"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 256, "user": "u"}),
     (EMBEDDINGS, {"model": "m", "input": [1, 2]}),
@@ -118,7 +117,11 @@ INVALID = [
     (CHAT, chat(n=0), "n", "integer_below_min_value"),
     (CHAT, chat(n=129), "n", "integer_above_max_value"),
     (CHAT, chat(n=1.5), "n", "invalid_type"),
-    (CHAT, chat(presence_penalty=3), "presence_penalty", "integer_above_max_value"),
+    (CHAT, chat(presence_penalty=3), "presence_penalty", "decimal_above_max_value"),  # the param's type
+    (CHAT, chat(temperature=3), "temperature", "decimal_above_max_value"),
+    (CHAT, chat(top_p=-1), "top_p", "decimal_below_min_value"),
+    (CHAT, chat(frequency_penalty=-3), "frequency_penalty", "decimal_below_min_value"),
+    (CHAT, chat(n=1.5), "n", "invalid_type"),
     (CHAT, chat(frequency_penalty=-2.5), "frequency_penalty", "decimal_below_min_value"),
     (CHAT, chat(max_tokens=0), "max_tokens", "integer_below_min_value"),
     (CHAT, chat(max_tokens="10"), "max_tokens", "invalid_type"),
@@ -126,7 +129,8 @@ INVALID = [
     (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "integer_below_min_value"),
     (CHAT, chat(logprobs=1), "logprobs", "invalid_type"),
     (CHAT, chat(logprobs=True, top_logprobs=21), "top_logprobs", "integer_above_max_value"),
-    (CHAT, chat(top_logprobs=2), "top_logprobs", "invalid_value"),
+    (CHAT, chat(top_logprobs=2), "top_logprobs", None),
+    (CHAT, chat(logprobs=False, top_logprobs=2), "top_logprobs", None),
     (CHAT, chat(seed="1"), "seed", "invalid_type"),
     (CHAT, chat(stop=5), "stop", "invalid_type"),
     (CHAT, chat(stop=["a", "b", "c", "d", "e"]), "stop", "array_above_max_length"),
@@ -156,6 +160,10 @@ INVALID = [
      "invalid_type"),
     (CHAT, chat(stream_options={"include_usage": True}), "stream_options", None),
     (CHAT, chat(stream=False, stream_options={"include_usage": True}), "stream_options", None),
+    (COMPLETIONS, {"model": "m"}, "prompt", "missing_required_parameter"),  # OpenAI requires it
+    (COMPLETIONS, {"model": "m", "prompt": None, "max_tokens": 4}, "prompt", "missing_required_parameter"),
+    (COMPLETIONS, {"model": "m", "prompt": "x", "logprobs": 6}, "logprobs", "integer_above_max_value"),
+    (COMPLETIONS, {"model": "m", "prompt": "x", "temperature": 3}, "temperature", "decimal_above_max_value"),
     (COMPLETIONS, {"model": "m", "prompt": 5}, "prompt", "invalid_type"),
     (COMPLETIONS, {"model": "m", "prompt": {"a": 1}}, "prompt", "invalid_type"),
     (COMPLETIONS, {"model": "m", "prompt": ["a", 1.5]}, "prompt[0]", "invalid_type"),
@@ -186,10 +194,16 @@ def test_a_body_that_breaks_a_rule_names_the_param_and_code(path, body, param, c
 
 @pytest.mark.parametrize("body, message", [
     (one({"role": "robot", "content": "x"}),
-     "Invalid value: 'robot'. Supported values are: 'system', 'user', 'assistant', 'tool', 'function', and "
+     "Invalid value: 'robot'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and "
      "'developer'."),
     (chat(max_tokens=0),
      "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, but got 0 instead."),
+    (chat(temperature=3),
+     "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 3 instead."),
+    (chat(top_p=2),
+     "Invalid 'top_p': decimal above maximum value. Expected a value <= 1, but got 2 instead."),
+    (chat(n=0.0),
+     "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."),
     (chat(temperature=3.5),
      "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 3.5 instead."),
     (chat(messages="hi"),
@@ -198,6 +212,14 @@ def test_a_body_that_breaks_a_rule_names_the_param_and_code(path, body, param, c
     (chat(stream_options={"include_usage": True}),
      "The 'stream_options' parameter is only allowed when 'stream' is enabled."),
     (one({"role": "user", "content": None}), "Invalid value for 'content': expected a string, got null."),
+    (chat(top_logprobs=2), "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled."),
+    (chat(messages=[]),
+     "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
+    (one({"role": "user", "content": 5}),
+     "Invalid type for 'messages[0].content': expected one of a string or array of objects, but got an integer "
+     "instead."),
+    (chat(parallel_tool_calls="yes"),
+     "Invalid type for 'parallel_tool_calls': expected a boolean, but got a string instead."),
     (chat(stop=list("abcde")),
      "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 "
      "instead."),
@@ -290,3 +312,23 @@ def test_a_deep_body_is_walked_without_recursion():
     for _ in range(5000):
         body = [body]
     assert validation.lone_surrogate_path({"x": body}) == "x" + "[0]" * 5000
+
+
+def test_a_completion_without_a_prompt_is_openais_missing_parameter():
+    assert validation.check(COMPLETIONS, {"model": "m", "max_tokens": 4}) == (
+        "prompt", "Missing required parameter: 'prompt'.", "missing_required_parameter")
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "frequency_penalty"])
+def test_a_decimal_parameter_says_decimal_for_an_integer_value(field):
+    code = validation.check(CHAT, chat(**{field: 10 ** 6}))[2]
+    assert code == "decimal_above_max_value"
+
+
+@pytest.mark.parametrize("path, field, value", [(CHAT, "n", 129.0), (CHAT, "max_tokens", 0.0),
+                                                 (CHAT, "top_logprobs", 21.0), (COMPLETIONS, "best_of", 21.0),
+                                                 (COMPLETIONS, "logprobs", 6.0), (EMBEDDINGS, "dimensions", 0.0)])
+def test_an_integer_parameter_says_integer_for_a_whole_float_value(path, field, value):
+    body = {"model": "m", "messages": HI, "prompt": "x", "input": "x", **({"logprobs": True} if path == CHAT else {}),
+            field: value}
+    assert validation.check(path, body)[2].startswith("integer_")
