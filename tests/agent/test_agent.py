@@ -305,8 +305,10 @@ async def test_an_advertised_address_of_another_machine_is_a_clear_start_failure
 
 async def test_an_engine_inherits_no_llmgw_variable_and_not_the_agents_token(tmp_path, monkeypatch):
     token = "llmgw-agent-Secret0123456789"
-    secrets_here = {"LLMGW_AGENT_TOKEN": token, "LLMGW_SECRET_KEY": "django-secret", "LLMGW_ADMIN_PASSWORD": "pw",
-                    "LLMGW_DATABASE_URL": "postgres://llmgw:dbpass@db/llmgw", "LLMGW_METRICS_TOKEN": "metrics"}
+    # Values no machine's own environment holds by chance (a container named "...pw..." once matched "pw").
+    secrets_here = {"LLMGW_AGENT_TOKEN": token, "LLMGW_SECRET_KEY": "django-secret-Q7v2", "LLMGW_ADMIN_PASSWORD":
+                    "admin-pw-Q7v2", "LLMGW_DATABASE_URL": "postgres://llmgw:dbpass-Q7v2@db/llmgw",
+                    "LLMGW_METRICS_TOKEN": "metrics-token-Q7v2"}
     for name, value in secrets_here.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOST", "0.0.0.0")  # would move llama-cpp-python's server off the advertised address
