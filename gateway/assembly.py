@@ -275,7 +275,7 @@ class StreamAssembler:
                 {"id": call.id or f"call_{secrets.token_hex(12)}", "type": call.type or "function",
                  "function": call.function()}
                 for _, call in sorted(choice.tool_calls.items())]
-        if choice.function_call is not None:
+        if choice.function_call is not None and not choice.tool_calls:  # OpenAI never sends both
             message["function_call"] = choice.function_call.function()
         if not content and (choice.tool_calls or choice.function_call is not None or choice.refusal):
             message["content"] = None  # as OpenAI answers a call or a refusal

@@ -59,6 +59,9 @@ def parse_body(request: HttpRequest) -> dict | HttpResponse:
     except RequestDataTooBig:
         return openai_error(413, f"Request body is over the limit of {settings.LLMGW_MAX_BODY_BYTES} bytes.",
                             code="request_too_large")
+    if raw[:1] == b"\x00" or raw[1:2] == b"\x00" or raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        # Python's json would take UTF-16 and UTF-32 too; JSON on the wire is UTF-8 (RFC 8259).
+        return openai_error(400, "The request body is not valid JSON: it must be UTF-8.", code="invalid_json")
     try:
         body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float, object_pairs_hook=_unique_names)
     except _DuplicateName as exc:
@@ -70,12 +73,34 @@ def parse_body(request: HttpRequest) -> dict | HttpResponse:
         return openai_error(400, "The request body is nested too deeply.", code="invalid_json")
     if not isinstance(body, dict):
         return openai_error(400, "The request body must be a JSON object.", code="invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
+        # Python's own parser took it, but re-encoding it (the gateway writes the bodies it
+        # composes) would exhaust the stack: refused here, as the parser refuses deeper ones.
+        return openai_error(400, f"The request body is nested too deeply (more than {MAX_DEPTH} levels).",
+                            code="invalid_json")
     # Before any field is used: a lone surrogate cannot be encoded (the database, the log, an
     # engine's UTF-8), so it is refused wherever it is (docs/architecture.md, "Gateway rules").
     if validation.has_surrogate_escape(raw) and (where := validation.lone_surrogate_path(body)) is not None:
         param, message, code = validation.lone_surrogate_problem(where)
         return openai_error(400, message, code=code, param=param)
     return body
+
+
+#: The deepest nesting of arrays and objects a request body may have.
+MAX_DEPTH = 200
+
+
+def _depth_over(value, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests arrays and objects more than ``limit`` deep
+    (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _positive_int(value) -> bool:

@@ -312,6 +312,50 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
     return response
 
 
+def _produces(data: dict) -> bool:
+    """A chunk that carries generated output: text, content, or a piece of a tool call."""
+    if sse.has_content(data):
+        return True
+    return any(isinstance(c, dict) and isinstance(c.get("delta"), dict)
+               and (c["delta"].get("tool_calls") or c["delta"].get("function_call"))
+               for c in data.get("choices") or ())
+
+
+def _tidy_tool_calls(data: dict, seen: set[tuple[int, int]]) -> dict:
+    """``data`` with a tool call's ``id``, ``type`` and function ``name`` only in its first
+    delta, as OpenAI streams them: llama-cpp-python repeats them in every delta, and the
+    SDK's stream helpers concatenate what comes ("get_weatherget_weather…"). ``seen``
+    holds the (choice index, tool call index) pairs already begun."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not any(
+            isinstance(c, dict) and isinstance(c.get("delta"), dict) and c["delta"].get("tool_calls") for c in choices):
+        return data
+    tidied = []
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(calls, list):
+            tidied.append(choice)
+            continue
+        new_calls = []
+        for call in calls:
+            if not isinstance(call, dict):
+                new_calls.append(call)
+                continue
+            key = (choice.get("index", 0), call.get("index", 0))
+            if key in seen:
+                call = {k: v for k, v in call.items() if k not in ("id", "type")}
+                if isinstance(call.get("function"), dict):
+                    call["function"] = {k: v for k, v in call["function"].items() if k != "name"}
+            else:
+                seen.add(key)
+            new_calls.append(call)
+        # The legacy function_call beside tool_calls (llama-cpp-python sends both): OpenAI never does.
+        tidied.append({**choice, "delta": {**{k: v for k, v in delta.items() if k != "function_call"},
+                                           "tool_calls": new_calls}})
+    return {**data, "choices": tidied}
+
+
 def _usage_of(data: dict) -> dict | None:
     return data["usage"] if not data.get("choices") and isinstance(data.get("usage"), dict) else None
 
@@ -366,15 +410,21 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
         usage: dict | None = None
         done = False
         try:
+            seen_calls: set[tuple[int, int]] = set()
             async for data in chunks():
                 if (found := _usage_of(data)) is not None:
                     usage = found
                     continue
+                if "error" in data and not data.get("choices"):
+                    # The engine failed in the middle: its error, on one line, ends the stream.
+                    status = 502
+                    yield contained_error_event(assembly.encode_event({"error": data["error"]}), ex)
+                    return
+                data = _tidy_tool_calls(data, seen_calls)
                 last = data
-                if sse.has_content(data):
+                if _produces(data):
                     ex.content_chunks += 1
-                event = assembly.encode_event(data)
-                yield contained_error_event(event, ex) if "error" in data else event
+                yield assembly.encode_event(data)
             if usage is None:
                 usage = assembly.make_usage(how.prompt_tokens or 0, ex.content_chunks)
             ex.note_usage({"usage": usage})

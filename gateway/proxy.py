@@ -34,7 +34,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from catalog.models import Model
+from catalog.models import NAME_RE, Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
 from gateway import assembly, cache, calls, endpoints, held, metrics, validation
@@ -74,16 +74,22 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     if not isinstance(name, str):
         return ex.answer(openai_error(400, f"Invalid type for 'model': expected a string, but got "
                                            f"{validation.kind_of(name)} instead.", code="invalid_type", param="model"))
-    ex.model_name = name
+    known_name = bool(NAME_RE.match(name))
+    # A name no model can have is kept escaped: a NUL is not stored (PostgreSQL refuses it), a
+    # newline not echoed.
+    ex.model_name = name if known_name else json.dumps(name)[1:-1][:128]
     view = await live.fresh_view()
     if view.stopped:
         return ex.answer(openai_error(503, "The cluster is stopped by its operators; no model is being served.",
                                       code="system_stopped"))
     model: Model | cache.CachedModel | None = cache.model(name)
-    if model is None or not caller.may_use(model.id) or (not model.is_external and not view.routes.get(model.id)):
+    if not known_name:
+        model = None  # no model can be called that (a NUL, a newline…): never a database question
+    elif model is None or not caller.may_use(model.id) or (not model.is_external and not view.routes.get(model.id)):
         model = await Model.aresolve(name)  # not sure from memory: ask the database
     if model is None:
-        return ex.answer(openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model"))
+        return ex.answer(openai_error(404, f"The model '{ex.model_name[:200]}' does not exist.", code="model_not_found",
+                                      param="model"))
     ex.model_name = ex.model_label = model.name  # recorded by its catalog name, not the alias asked for
     if not caller.may_use(model.id):
         return ex.answer(forbidden(model.name))
@@ -176,8 +182,9 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
     """How the gateway builds the answer itself for an engine that would not give it as
     OpenAI does (``gateway.calls``), or None to relay the engine's own: ``n`` > 1 on an
     engine that ignores it, a list of prompts to one that takes one, a non-streamed request
-    to one that cannot cancel it, a usage chunk asked of one whose streams carry none
-    (``model.engine_traits``, ``catalog.engines``)."""
+    to one that cannot cancel it, any stream of one whose streams carry no usage (its usage is
+    counted here; its tool-call deltas tidied) (``model.engine_traits``,
+    ``catalog.engines``)."""
     traits = model.engine_traits
     n = body.get("n")
     legs = int(n) if validation.is_integer(n) and n > 1 and not traits.serves_n else 1
@@ -188,7 +195,7 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
         prompts = tuple(prompt)
     include_usage = stream and asks_usage(body)
     if (legs > 1 or prompts or (not stream and not traits.cancels_unstreamed)
-            or (include_usage and not traits.streams_usage)):
+            or (stream and not traits.streams_usage)):
         echo = body.get("echo") is True and not traits.echoes_in_streams
         if echo and prompts is None and isinstance(prompt, str):
             prompts = (prompt,)
@@ -297,9 +304,10 @@ async def retrieve_model(request: HttpRequest, name: str) -> HttpResponse:
     caller = await authenticate(request)
     if isinstance(caller, HttpResponse):
         return caller
-    model = await Model.aresolve(name)
+    model = await Model.aresolve(name) if NAME_RE.match(name) else None
     if model is None:
-        return openai_error(404, f"The model '{name}' does not exist.", code="model_not_found", param="model")
+        shown = json.dumps(name[:200])[1:-1]  # escaped: a control character is not echoed as it came
+        return openai_error(404, f"The model '{shown}' does not exist.", code="model_not_found", param="model")
     if not caller.may_use(model.id):
         return forbidden(model.name)
     return HttpResponse(json.dumps(_model_object(model)), content_type="application/json")

@@ -115,6 +115,12 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
             error = engine_error_response(upstream.status, content_type, body, ex)
             copy_headers(upstream, error, extra)
             return ex.answer(error)
+        if not isinstance(parsed, dict):  # a page, a traceback in text/plain: not an OpenAI answer
+            kind_shown = content_type.split(";")[0].strip()[:60] or "no content type"
+            log.warning("upstream for %s answered %s with %s, not a JSON object", ex.model_label, upstream.status,
+                        kind_shown)
+            return ex.answer(openai_error(502, f"The upstream serving '{ex.model_label}' answered with {kind_shown}, "
+                                               "not an OpenAI answer.", code="engine_error"))
         response = HttpResponse(body, status=upstream.status, content_type=content_type)
         copy_headers(upstream, response, extra)
         return ex.answer(response)
