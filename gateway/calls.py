@@ -309,6 +309,9 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         copy_headers(first, response, extra)
         if "openai-processing-ms" in response:  # the first leg's, not the answer's
             del response["openai-processing-ms"]
+    else:
+        for name, value in extra.items():
+            response[name] = value
     return response
 
 

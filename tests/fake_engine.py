@@ -151,13 +151,25 @@ class Engine:
                     authorization=getattr(self, "authorization", ""),
                     content_type=getattr(self, "content_type", ""),
                     stream_options=req.get("stream_options"), max_tokens=req.get("max_tokens"),
-                    max_completion_tokens=req.get("max_completion_tokens"), n=req.get("n"))
+                    max_completion_tokens=req.get("max_completion_tokens"), n=req.get("n"),
+                    roles=[m.get("role") for m in req.get("messages") or [] if isinstance(m, dict)],
+                    prompt=req.get("prompt"), echo=req.get("echo"))
         if self.args.fail_status:
             code = self.args.fail_status
             return await send_json(writer, code, error_body("fake failure", "fake", code), keep)
         if self.args.error_status:  # a given engine's own error answer, byte for byte
             return await send(writer, self.args.error_status, error_bytes(self.args.error_body),
                               self.args.error_content_type, keep)
+        if self.args.fail_in_stream:
+            if stream:  # the answer has begun when the engine finds out
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
+                             b"\r\n\r\n0\r\n\r\n")
+                await writer.drain()
+                return False
+            return await send_json(writer, 400, {"error": {
+                "message": "This model's maximum context length is 512 tokens. However, you requested 900 tokens "
+                           "(900 in the messages, 0 in the completion).", "type": "invalid_request_error",
+                "param": "messages", "code": "context_length_exceeded"}}, keep)
         if self.args.fastapi_422:
             return await send_json(writer, 422, {"detail": [{
                 "type": "int_parsing", "loc": ["body", "max_tokens"],
@@ -309,10 +321,12 @@ class Engine:
                 self.check_alive(watcher, writer)
                 if self.tool_mode(path):
                     call = {"index": 0, "function": {"arguments": piece}}
-                    if i == 0:
+                    if i == 0 or self.args.repeat_tool_names:
                         call = {"index": 0, "id": "call_1", "type": "function",
                                 "function": {"name": "get_weather", "arguments": piece}}
                     delta = {"tool_calls": [call]}
+                    if self.args.repeat_tool_names:
+                        delta["function_call"] = {"name": "get_weather", "arguments": piece}
                 elif chat:
                     delta = {"content": piece}
                 if chat:
@@ -340,7 +354,8 @@ class Engine:
                 p, n = self.prompt_tokens(path, req), len(pieces)
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 await self.write_event(writer, dumps({**head, "choices": [], "usage": usage}))
-            await self.write_event(writer, b"[DONE]")
+            if not self.args.no_done:
+                await self.write_event(writer, b"[DONE]")
             if self.args.reset_after_done:  # a rough goodbye: no end of body, a reset
                 await writer.drain()
                 writer.transport.abort()
@@ -470,6 +485,12 @@ def parse_args(argv=None):
                    help="answer every inference POST with this status and --error-body")
     p.add_argument("--error-body", default='{"detail":"fake failure"}', help="the body: text, or @FILE")
     p.add_argument("--error-content-type", default="application/json")
+    p.add_argument("--fail-in-stream", action="store_true",
+                   help="llama-cpp-python on a prompt over its context: a stream's headers, then the end; "
+                        "a non-streamed request: 400 context_length_exceeded")
+    p.add_argument("--no-done", action="store_true", help="end streams after their chunks without [DONE]")
+    p.add_argument("--repeat-tool-names", action="store_true",
+                   help="with --tool-call: id, type, name and a function_call in every delta (llama-cpp-python)")
     p.add_argument("--stream-error", default="", help="end streams after two chunks with this error event")
     p.add_argument("--fastapi-422", action="store_true", help="answer 422 with FastAPI's detail list")
     p.add_argument("--honor-n", action="store_true", help="n choices (default: n is ignored, one choice)")

@@ -33,9 +33,19 @@ ENGINES = {
     "broken": ("--error-status", "500", "--error-body", TRACEBACK_500),
     "strict": ("--fastapi-422",),
     "honest": ("--tokens", "4", "--honor-n"),
+    "overflow": ("--fail-in-stream",),
+    "undone": ("--tokens", "3", "--no-done"),
+    "undone-custom": ("--tokens", "3", "--no-done"),
+    "toolish": ("--tool-call", "--repeat-tool-names", "--no-usage-chunk"),
+    "midllama": ("--tokens", "6", "--no-usage-chunk", "--stream-error", "Traceback (most recent call last):\n  File "
+                 "\"/srv/llama/app.py\", line 3, in x\nValueError: the grammar broke"),
     "midway": ("--tokens", "6", "--stream-error", "Traceback (most recent call last):\n  File \"/srv/vllm/engine.py\", "
                "line 9, in step\nRuntimeError: the engine died"),
 }
+
+
+#: Served with llama-cpp-python's profile: the gateway knows what that engine does not.
+LLAMA_LIKE = ("llama", "slowllama", "overflow", "undone", "toolish", "midllama")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +92,7 @@ def key(transactional_db) -> str:
 def models(servers, make_model, llama_profile, key):
     made = {}
     for name in ENGINES:
-        profile = llama_profile if name in ("llama", "slowllama") else None
+        profile = llama_profile if name in LLAMA_LIKE else None
         extra = {"profile": profile} if profile else {}
         if name == "llama":
             extra["max_output_tokens"] = 100
@@ -285,3 +295,118 @@ def test_a_request_by_alias_is_recorded_under_the_models_name(oai, models):
     wait_until(lambda: UsageRecord.objects.filter(model_name="llama").count() > before, timeout_s=10,
                what="the usage record")
     assert not UsageRecord.objects.filter(model_name="llama-alias").exists()
+
+
+# --- what llama-cpp-python does wrong, answered as OpenAI would --------------------------------
+
+
+def test_a_prompt_over_the_context_is_a_400_before_the_engine(servers, models, key):
+    """The gateway counts the prompt with the engine's tokenizer first (a word a token on the
+    fake engine): over the 512-token context, with or without the completion asked for."""
+    before = len(records(servers, "llama"))
+    long_prompt = " ".join(["word"] * 600)
+    for body in ({"prompt": long_prompt, "max_tokens": 2}, {"prompt": " ".join(["word"] * 500), "max_tokens": 20},
+                 {"prompt": long_prompt, "max_tokens": 2, "stream": True}):
+        r = post(servers, "/v1/completions", {"model": "llama", **body}, key)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert "512" in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
+    assert len(records(servers, "llama")) == before
+    assert post(servers, "/v1/completions", {"model": "llama", "prompt": "a b c", "max_tokens": 2},
+                key).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_that_ends_its_stream_before_any_event_is_asked_why(oai, servers, models, stream):
+    """llama-cpp-python starts a stream, then raises (a prompt over its context it did not
+    count as we did): the gateway asks again without a stream and answers the engine's
+    error, never an empty 200."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        answer = oai.chat.completions.create(model="overflow", messages=HI, max_tokens=3, stream=stream)
+        list(answer) if stream else None
+    assert refused.value.body["code"] == "context_length_exceeded"
+    probe = records(servers, "overflow")[-1]
+    assert probe["stream"] is False and probe["max_tokens"] == 1
+
+
+@pytest.mark.parametrize("model", ["undone", "undone-custom"])
+def test_a_stream_that_ends_without_done_ends_with_an_error_event(servers, models, key, model):
+    with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=30,
+                      json={"model": model, "messages": HI, "max_tokens": 3, "stream": True},
+                      headers={"Authorization": f"Bearer {key}"}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] != "[DONE]" and json.loads(events[-1])["error"]["code"] == "upstream_stream_broken", events
+    assert "[DONE]" not in events
+
+
+def test_a_non_streamed_answer_from_a_stream_without_done_is_a_502(oai, models):
+    with pytest.raises(openai.APIStatusError) as broken:
+        oai.chat.completions.create(model="undone", messages=HI, max_tokens=3)
+    assert broken.value.status_code == 502
+
+
+def test_streamed_tool_calls_name_the_function_once_as_openai_streams_them(oai, models):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    chunks = list(oai.chat.completions.create(model="toolish", messages=HI, tools=tools, stream=True,
+                                              stream_options={"include_usage": True}))
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls[0].function.name == "get_weather" and calls[0].id == "call_1"
+    assert all(c.function.name is None and c.id is None for c in calls[1:])
+    assert all(c.choices[0].delta.function_call is None for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == len(calls)  # tool-call pieces are tokens too
+    with oai.beta.chat.completions.stream(model="toolish", messages=HI, tools=tools) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls[0].function.name == "get_weather"
+    reply = oai.chat.completions.create(model="toolish", messages=HI, tools=tools)
+    assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert reply.choices[0].message.function_call is None  # never both, as OpenAI answers
+
+
+def test_an_error_in_a_composed_stream_ends_it_on_one_line(servers, models, key):
+    with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=30,
+                      json={"model": "midllama", "messages": HI, "max_tokens": 6, "stream": True},
+                      headers={"Authorization": f"Bearer {key}"}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    last = json.loads(events[-1])["error"]
+    assert last["message"] == "ValueError: the grammar broke" and "[DONE]" not in events, events
+
+
+def test_a_list_of_prompts_gets_a_choice_per_prompt(oai, servers, models):
+    reply = oai.completions.create(model="llama", prompt=["one two", "three"], max_tokens=2, n=2)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    sent = [r["prompt"] for r in records(servers, "llama")[-4:]]
+    assert sent == ["one two", "one two", "three", "three"]  # choice i*n + j is prompt i's j-th
+
+
+def test_a_developer_message_goes_to_llama_cpp_python_as_system(oai, servers, models):
+    oai.chat.completions.create(model="llama", max_tokens=2, messages=[{"role": "developer", "content": "be brief"},
+                                                                       {"role": "user", "content": "hi"}])
+    assert records(servers, "llama")[-1]["roles"] == ["system", "user"]
+    oai.chat.completions.create(model="honest", max_tokens=2, messages=[{"role": "developer", "content": "x"}])
+    assert records(servers, "honest")[-1]["roles"] == ["developer"]  # an engine that knows it gets it
+
+
+def test_echo_puts_the_prompt_back_and_is_refused_in_a_stream(oai, models):
+    reply = oai.completions.create(model="llama", prompt="hello there", max_tokens=2, echo=True)
+    assert reply.choices[0].text.startswith("hello there") and len(reply.choices[0].text) > len("hello there")
+    with pytest.raises(openai.BadRequestError) as refused:
+        list(oai.completions.create(model="llama", prompt="x", max_tokens=2, echo=True, stream=True))
+    assert refused.value.body["param"] == "echo"
+
+
+def test_names_no_model_can_have_are_a_404_without_a_lookup(servers, models, key):
+    for name in ("a\x00b", "x\ny", "é" * 3, "a" * 300):
+        raw = json.dumps({"model": name, "messages": [{"role": "user", "content": "x"}]}).encode()
+        r = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
+                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert "\n" not in r.json()["error"]["message"] and "\x00" not in r.json()["error"]["message"]
+    r = httpx.get(servers["url"] + "/v1/models/a%00b", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+
+
+def test_a_body_nested_too_deeply_or_not_utf8_is_a_400(servers, models, key):
+    deep = '{"model": "llama", "messages": [{"role": "user", "content": "x"}], "x": ' + "[" * 300 + "]" * 300 + "}"
+    for raw in (deep.encode(), json.dumps({"model": "llama", "messages": HI}).encode("utf-16")):
+        r = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
+                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
