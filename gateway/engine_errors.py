@@ -15,16 +15,19 @@ OpenAI's statuses (issue 15, docs/architecture.md "Gateway rules"):
 * any other 5xx is 502 ``engine_error``.
 
 Messages are one line of at most ``MESSAGE_MAX_CHARS`` characters, with no traceback and
-no file paths. Everything here is pure: bytes in, a tuple out.
+no file paths, directories or engine addresses (URLs naming a machine). An error told as
+server-sent events is read from its first event. Everything here is pure: bytes in, a tuple out.
 """
 
 from __future__ import annotations
 
 import ast
+import ipaddress
 import json
 import re
+from urllib.parse import urlsplit
 
-__all__ = ["MESSAGE_MAX_CHARS", "map_engine_error", "one_line", "param_from_loc"]
+__all__ = ["MESSAGE_MAX_CHARS", "first_event_data", "map_engine_error", "one_line", "param_from_loc"]
 
 #: The most characters of an engine's own words that reach the client.
 MESSAGE_MAX_CHARS = 300
@@ -43,7 +46,19 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 _FILE_FRAME = re.compile(r'File "[^"]*", line \d+(?:, in [\w<>.]+)?')
 # An absolute path naming a file (a dot in its last part: .py, .gguf, .so): the machine's
 # layout is nobody's business outside it. /v1/chat/completions has no dot and stays.
-_FILE_PATH = re.compile(r"(?<![\w:/.])(?:[A-Za-z]:\\|/)(?:[\w.\-+@~]+[/\\])*[\w\-+@~]*\.[\w.\-]+(?::\d+)?")
+_FILE_PATH = re.compile(r"(?<![\w:/.])(?:[A-Za-z]:\\|/)(?:[\w.\-+@~]+[/\\])*[\w\-+@~]*\.[\w.\-]*[\w\-](?::\d+)?")
+# An absolute path of two or more segments without a dot in its last part: a directory of
+# weights ("/srv/weights/llama", "/home/me/models/secret-model-dir"). Its last part does not
+# end in a dot, so that a sentence's full stop stays. OpenAI's own paths (/v1/...) stay.
+_DIR_PATH = re.compile(r"(?<![\w:/.\\~])~?/(?:[\w.\-+@~]+/)+[\w.\-+@~]*[\w\-+@~]/?")
+_OPENAI_PATH = re.compile(r"/v1(?:/[\w.\-]+)*/?")
+# A URL. One that names a machine (an IP address, localhost, a name without a dot, a port,
+# credentials) or is not https is the engine's address or a peer's: removed whole. A public
+# https page (OpenAI's "Please check the API reference: https://platform.openai.com/...")
+# stays.
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>()\[\]{}|\\^`]+")
+_PRIVATE_SUFFIXES = (".local", ".internal", ".lan", ".localdomain", ".svc", ".cluster.local")
+_SSE_DATA = re.compile(rb"^\s*data\s*:")
 _HTML = re.compile(rb"^\s*<(?:!doctype|html|head|body|\?xml)", re.I)
 # Pydantic's/FastAPI's ``type`` of one validation error → OpenAI's ``code``.
 _MISSING_TYPES = {"missing", "missing_argument", "value_error.missing"}
@@ -60,6 +75,9 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
     knows it (used in generic messages), ``path`` the OpenAI path asked for, with or without
     the ``/v1/`` prefix (``chat/completions`` or ``/v1/chat/completions``).
 
+    A body of server-sent events (``text/event-stream``, or bytes starting with ``data:``) is
+    read as its first event's data (:func:`first_event_data`), mapped as if it were the body.
+
     Returns ``(status, message, code, param)``: the status for the client (400, 401…429 as
     sent except 422 → 400 and 401/403 → 502, 502 for a 5xx), a single line of at most
     ``MESSAGE_MAX_CHARS`` characters plus a short prefix, OpenAI's ``code`` (the engine's own
@@ -69,11 +87,16 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
     ``"messages[0].role"``) or None. Raises nothing, whatever the bytes.
     """
     endpoint = "/v1/" + path.lstrip("/").removeprefix("v1/")
+    if _is_event_stream(content_type, body):  # an error told as server-sent events: its first event
+        data = first_event_data(body)
+        if data is not None:
+            content_type, body = ("application/json" if data.lstrip()[:1] in (b"{", b"[") else "text/plain"), data
     parsed = _parse(content_type, body)
     message, code, param, problems = _read(parsed)
     if message is None and not problems:
         said_json = "json" in (content_type or "").lower()
-        text = "" if parsed is not None or said_json or _HTML.match(body) else body.decode("utf-8", "replace")
+        text = ("" if parsed is not None or said_json or _HTML.match(body) or _is_event_stream(content_type, body)
+                else body.decode("utf-8", "replace"))
         message = text if text.strip() and _printable(text) else None
 
     validation = bool(problems) or (message is not None and _looks_like_validation(message))
@@ -108,19 +131,47 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
 
 def one_line(text: str, limit: int = MESSAGE_MAX_CHARS) -> str:
     """``text`` as one line of at most ``limit`` characters (an ellipsis where cut): a
-    traceback's last line only, ``File "...", line N`` frames and absolute file paths
-    removed, every run of white space (newlines included) one space."""
+    traceback's last line only, ``File "...", line N`` frames removed, every run of white
+    space (newlines included) one space, and nothing of the machine's layout: absolute file
+    paths (a dot in the last part), absolute paths of two or more segments
+    (``/srv/weights/llama``), and URLs that name a machine (``http://10.0.0.5:8000/v1``,
+    see :func:`_is_public_url`) removed. OpenAI's own paths (``/v1/chat/completions``), a
+    lone ``/``, relative ``a/b`` and public https pages stay."""
     if _TRACEBACK.search(text):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         tail = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "~"))]
         text = tail[-1] if tail else lines[-1]
     text = _FILE_FRAME.sub("", text)
-    text = _FILE_PATH.sub("", text)
+    said = bool(text.strip())
+    text = _URL.sub(_kept_url, text)
+    text = _FILE_PATH.sub(_kept_path, text)
+    text = _DIR_PATH.sub(_kept_path, text)
     text = " ".join(text.split())
     text = re.sub(r"\s+([,.;:)])", r"\1", text).strip(" ,;:")
+    if said and not text.strip(" .,;:!?"):
+        text = "(the engine's message named only places on its machine, which are not shown)"
     if len(text) > limit:
         text = text[: limit - 1].rstrip() + "…"
     return text
+
+
+def first_event_data(body: bytes) -> bytes | None:
+    """The data of the first event in a server-sent events ``body`` (its ``data:`` lines
+    joined by newlines, one space after the colon dropped), skipping ``[DONE]``; None when
+    no event carries data. Reads at most the first MiB."""
+    lines: list[bytes] = []
+    for line in body[:1_048_576].splitlines() + [b""]:
+        if not line.strip():
+            data = b"\n".join(lines)
+            if lines and data.strip() != b"[DONE]":
+                return data
+            lines = []
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+        elif _SSE_DATA.match(line):  # "data :" or leading blanks, as sloppy servers write it
+            lines.append(line.split(b":", 1)[1].lstrip(b" "))
+    return None
 
 
 def param_from_loc(loc) -> str | None:
@@ -149,6 +200,47 @@ def param_from_loc(loc) -> str | None:
 
 
 # ----------------------------------------------------------------------------- reading bodies
+def _is_event_stream(content_type: str, body: bytes) -> bool:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "text/event-stream" or _SSE_DATA.match(body[:64]) is not None
+
+
+def _kept_path(match: re.Match) -> str:
+    """A path as it stays in a message: OpenAI's ``/v1/...`` kept, any other removed."""
+    path = match.group()
+    return path if _OPENAI_PATH.fullmatch(path) else ""
+
+
+def _kept_url(match: re.Match) -> str:
+    """A URL as it stays in a message: a public page kept, any other removed whole (the
+    sentence's own punctuation after it kept)."""
+    url = match.group()
+    stripped = url.rstrip(".,;:!?")
+    return url if _is_public_url(stripped) else url[len(stripped):]
+
+
+def _is_public_url(url: str) -> bool:
+    """An https URL of a public host name: dotted, not an IP address, no port, no
+    credentials, not a private suffix (``.local``, ``.internal``, ``.svc``…). Anything else
+    names a machine of the cluster (the engine's own address) or cannot be told apart from
+    one."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    host = (parts.hostname or "").rstrip(".")
+    if parts.scheme.lower() != "https" or port is not None or parts.username or parts.password:
+        return False
+    if "." not in host or host.endswith(_PRIVATE_SUFFIXES) or host == "localhost":
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
 def _parse(content_type: str, body: bytes):
     if not body.strip() or len(body) > 1_000_000:
         return None

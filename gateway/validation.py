@@ -33,6 +33,12 @@ ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("none", "auto", "required")
 ENCODING_FORMATS = ("float", "base64")
+#: OpenAI's schema order (openai/openai-openapi, CreateChatCompletionRequest.service_tier).
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+MODALITIES = ("text", "audio")
+#: ``seed`` is an int64 in OpenAI's schema: one outside it is a range error there, and an
+#: overflow (or a silent wrap) in an engine written in C++.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 _MAX_STOP = 4
 _SHOWN_CHARS = 100
 
@@ -207,10 +213,15 @@ def _typed(ok, expected: str):
 
 
 def _stop(param: str, value) -> Problem | None:
+    """A string or 1 to 4 strings (OpenAI's schema: ``minItems: 1``, ``maxItems: 4``). An
+    empty string passes, as at OpenAI (its schema sets no ``minLength``); engines would stop
+    at once on it, so :func:`without_empty_stops` takes it out before the engine."""
     if isinstance(value, str):
         return None
     if not isinstance(value, list):
         return _wrong_type(param, "a string or an array of strings", value)
+    if not value:
+        return _empty_array(param)
     if len(value) > _MAX_STOP:
         return (param, f"Invalid '{param}': array too long. Expected an array with maximum length {_MAX_STOP}, "
                        f"but got an array with length {len(value)} instead.", "array_above_max_length")
@@ -355,6 +366,32 @@ def _input(param: str, value) -> Problem | None:
     return None
 
 
+def _modalities(param: str, value) -> Problem | None:
+    """An array of "text"/"audio"; "audio" is refused in OpenAI's words for a model that
+    lacks a feature (its "messages[0].role does not support 'developer' with this model"):
+    every model served here answers text only."""
+    if not isinstance(value, list):
+        return _wrong_type(param, "an array of strings", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            return _wrong_type(f"{param}[{i}]", "a string", item)
+        if item not in MODALITIES:
+            return _unsupported(f"{param}[{i}]", item, MODALITIES)
+    if "audio" in value:
+        return (param, f"Unsupported value: '{param}' does not support 'audio' with this model. This model "
+                       f"answers text only.", "unsupported_value")
+    return None
+
+
+def _audio(param: str, value) -> Problem | None:
+    """Audio output parameters: refused, as OpenAI refuses a parameter a model lacks
+    (``unsupported_parameter``); the models served here answer text only."""
+    if not isinstance(value, dict):
+        return _wrong_type(param, "an object", value)
+    return (param, f"Unsupported parameter: '{param}' is not supported with this model. This model answers "
+                   f"text only: leave out '{param}' and ask for the 'text' modality.", "unsupported_parameter")
+
+
 def _choice(supported: tuple[str, ...]):
     def rule(param: str, value) -> Problem | None:
         if not isinstance(value, str):
@@ -372,7 +409,7 @@ _GENERATION = {
     "top_p": _number(0, 1),
     "presence_penalty": _number(-2, 2),
     "frequency_penalty": _number(-2, 2),
-    "seed": _integer(),
+    "seed": _integer(SEED_MIN, SEED_MAX),
     "stop": _stop,
     "user": _typed(_is_str, "a string"),
     "logit_bias": _logit_bias,
@@ -391,6 +428,9 @@ RULES: dict[str, dict] = {
         "response_format": _response_format,
         "metadata": _typed(_is_object, "an object"),
         "store": _typed(_is_bool, "a boolean"),
+        "service_tier": _choice(SERVICE_TIERS),
+        "modalities": _modalities,
+        "audio": _audio,
     },
     "completions": {
         **_GENERATION,
@@ -548,12 +588,29 @@ def _limit_problem(body: dict, limits: tuple[int | None, int | None]) -> Problem
     return None
 
 
+def without_empty_stops(body: dict) -> dict:
+    """``body`` with the empty strings of ``stop`` taken out (``stop`` itself when nothing is
+    left), for the engine; ``body`` itself when there is none. OpenAI accepts ``stop: ""``
+    and stops on nothing; llama.cpp and vLLM find ``""`` at once and end the answer after
+    its first token. Call it after :func:`check` passed; the body is not changed in place."""
+    stop = body.get("stop")
+    if stop == "":
+        return {key: value for key, value in body.items() if key != "stop"}
+    if isinstance(stop, list) and "" in stop:
+        kept = [item for item in stop if item != ""]
+        if not kept:
+            return {key: value for key, value in body.items() if key != "stop"}
+        return {**body, "stop": kept}
+    return body
+
+
 def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = None) -> Problem | None:
     """The first problem with ``body`` for the endpoint ``path`` (``chat/completions``,
     ``completions``, ``embeddings``; other paths: None), as ``(param, message, code)`` in
     OpenAI's words and codes — ``invalid_type``, ``invalid_value``, ``empty_array``,
     ``missing_required_parameter``, ``integer_below_min_value``, ``decimal_above_max_value``,
-    ``array_above_max_length``, ``context_length_exceeded``; ``code`` is None where OpenAI's
+    ``array_above_max_length``, ``context_length_exceeded``, ``unsupported_value`` (audio in
+    ``modalities``), ``unsupported_parameter`` (an ``audio`` object); ``code`` is None where OpenAI's
     is (``stream_options`` without ``stream``, ``top_logprobs`` without ``logprobs``, a null
     ``content``, an empty embeddings ``input``) — or None. Range codes name the parameter's
     type: ``decimal_*`` for temperature, top_p and the penalties whatever the value's type.

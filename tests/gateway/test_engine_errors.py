@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.engine_errors import MESSAGE_MAX_CHARS, map_engine_error, one_line, param_from_loc
+from gateway.engine_errors import MESSAGE_MAX_CHARS, first_event_data, map_engine_error, one_line, param_from_loc
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "engine_errors"
@@ -223,6 +223,80 @@ def test_long_messages_are_cut_to_the_limit():
 def test_one_line_keeps_urls_and_api_paths():
     assert one_line("see https://errors.pydantic.dev/2.9/v/int_parsing on /v1/chat/completions") == (
         "see https://errors.pydantic.dev/2.9/v/int_parsing on /v1/chat/completions")
+
+
+@pytest.mark.parametrize("text, line", [
+    ("failed to load /srv/weights/llama", "failed to load"),
+    ("cannot open /home/me/models/secret-model-dir: no such directory", "cannot open: no such directory"),
+    ("no weights in /srv/weights/llama.", "no weights in."),  # the sentence's full stop stays
+    ("no weights in '~/models/x/y'", "no weights in ''"),
+    ("load /srv/w/model.gguf.", "load."),
+    ("connect to http://10.0.0.5:8000/v1/chat/completions failed.", "connect to failed."),
+    ("upstream http://gpu-a:23100 is down", "upstream is down"),
+    ("peer https://engine.internal/health refused", "peer refused"),
+    ("peer https://127.0.0.1/x refused", "peer refused"),
+    ("proxy http://user:secret@example.com/x said no", "proxy said no"),
+    ("http://example.com/page is plain http", "is plain http"),
+])
+def test_one_line_removes_the_machines_directories_and_addresses(text, line):
+    assert one_line(text) == line
+
+
+@pytest.mark.parametrize("text", [
+    "No route for /v1/chat/completions or /v1/embeddings.",
+    "see /v1/models/llama-3.1-8b",
+    "a / b, a/b/c and ratio 1/2",
+    "single segments stay: /tmp /health",
+    "Please check the API reference: https://platform.openai.com/docs/api-reference.",
+])
+def test_one_line_keeps_openais_paths_relative_words_and_public_pages(text):
+    assert one_line(text) == text
+
+
+def test_a_message_of_nothing_but_a_path_says_so():
+    assert one_line("/srv/weights/llama") == "(the engine's message named only places on its machine, which are not shown)"
+
+
+@pytest.mark.parametrize("body, data", [
+    (b'data: {"a": 1}\n\ndata: {"b": 2}\n\n', b'{"a": 1}'),
+    (b'data: [DONE]\n\ndata: {"b": 2}\n\n', b'{"b": 2}'),
+    (b'event: error\r\ndata: {"a":\r\ndata: 1}\r\n\r\n', b'{"a":\n1}'),  # lines joined, CRLF
+    (b': comment\n\ndata:{"a": 1}', b'{"a": 1}'),  # no space after the colon, no blank line at the end
+    (b"data: [DONE]\n\n", None),
+    (b"event: ping\n\n", None),
+    (b"", None),
+])
+def test_first_event_data_is_the_first_event_that_carries_data(body, data):
+    assert first_event_data(body) == data
+
+
+def test_an_error_told_as_server_sent_events_is_mapped_from_its_first_event():
+    event = b'data: {"error": {"message": "Invalid value for top_k", "type": "invalid_request_error", ' \
+            b'"param": "top_k", "code": "invalid_value"}}\n\ndata: [DONE]\n\n'
+    assert map_engine_error(400, "text/event-stream", event, "gemma", "chat/completions") == (
+        400, "Invalid value for top_k", "invalid_value", "top_k")
+
+
+def test_an_event_stream_error_without_json_data_keeps_its_words():
+    status, message, code, _ = map_engine_error(503, "text/event-stream", b"data: engine is restarting\n\n",
+                                                "gemma", "chat/completions")
+    assert (status, code) == (502, "engine_error")
+    assert message == "The engine serving 'gemma' failed (503): engine is restarting"
+
+
+def test_an_event_stream_error_without_data_shows_no_raw_bytes():
+    status, message, code, _ = map_engine_error(500, "text/event-stream", b"event: ping\nid: 7\n\n",
+                                                "gemma", "chat/completions")
+    assert (status, code) == (502, "engine_error")
+    assert message == "The engine serving 'gemma' failed (500) without an error message (text/event-stream)."
+
+
+def test_the_weights_directory_of_an_sse_fixture_does_not_reach_the_client():
+    case = CASES["sse_internal_error_event.txt"]
+    _, message, _, _ = map_engine_error(case["status"], case["content_type"],
+                                        (FIXTURES / "sse_internal_error_event.txt").read_bytes(), "gemma",
+                                        case["path"])
+    assert message == "The engine serving 'gemma' failed (500): failed to load model from: out of memory"
 
 
 def test_deeply_nested_json_does_not_raise():

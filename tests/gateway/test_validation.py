@@ -43,6 +43,11 @@ VALID = [
             "top_k": 40, "min_p": 0.1, "grammar": "root ::= x"}),  # engines' extras pass
     (CHAT, {"model": "m", "messages": HI, "tool_choice": "required", "response_format": {"type": "json_object"},
             "stop": "\n", "temperature": None, "stream_options": None}),
+    (CHAT, {"model": "m", "messages": HI, "seed": 2**63 - 1, "service_tier": "flex", "modalities": ["text"],
+            "stop": ""}),  # OpenAI sets no minLength on a stop string
+    (CHAT, {"model": "m", "messages": HI, "seed": -(2**63), "service_tier": "auto", "modalities": [],
+            "stop": ["", "x"], "audio": None}),
+    (COMPLETIONS, {"model": "m", "prompt": "once", "stop": ""}),
     (COMPLETIONS, {"model": "m", "prompt": "once"}),
     (COMPLETIONS, {"model": "m", "prompt": ["a", "b"], "echo": True, "best_of": 2, "suffix": "end", "logprobs": 5,
                    "max_tokens": 8, "stream": True, "stream_options": {"include_usage": False}}),
@@ -132,6 +137,20 @@ INVALID = [
     (CHAT, chat(top_logprobs=2), "top_logprobs", None),
     (CHAT, chat(logprobs=False, top_logprobs=2), "top_logprobs", None),
     (CHAT, chat(seed="1"), "seed", "invalid_type"),
+    (CHAT, chat(seed=2**63), "seed", "integer_above_max_value"),
+    (CHAT, chat(seed=-(2**63) - 1), "seed", "integer_below_min_value"),
+    (CHAT, chat(seed=1e30), "seed", "integer_above_max_value"),
+    (COMPLETIONS, {"prompt": "x", "seed": 10**20}, "seed", "integer_above_max_value"),
+    (CHAT, chat(service_tier="turbo"), "service_tier", "invalid_value"),
+    (CHAT, chat(service_tier=1), "service_tier", "invalid_type"),
+    (CHAT, chat(modalities="text"), "modalities", "invalid_type"),
+    (CHAT, chat(modalities=["text", 1]), "modalities[1]", "invalid_type"),
+    (CHAT, chat(modalities=["video"]), "modalities[0]", "invalid_value"),
+    (CHAT, chat(modalities=["text", "audio"]), "modalities", "unsupported_value"),
+    (CHAT, chat(modalities=["audio"]), "modalities", "unsupported_value"),
+    (CHAT, chat(audio={"voice": "alloy", "format": "wav"}), "audio", "unsupported_parameter"),
+    (CHAT, chat(audio="alloy"), "audio", "invalid_type"),
+    (CHAT, chat(stop=[]), "stop", "empty_array"),
     (CHAT, chat(stop=5), "stop", "invalid_type"),
     (CHAT, chat(stop=["a", "b", "c", "d", "e"]), "stop", "array_above_max_length"),
     (CHAT, chat(stop=["a", 1]), "stop[1]", "invalid_type"),
@@ -220,6 +239,19 @@ def test_a_body_that_breaks_a_rule_names_the_param_and_code(path, body, param, c
      "instead."),
     (chat(parallel_tool_calls="yes"),
      "Invalid type for 'parallel_tool_calls': expected a boolean, but got a string instead."),
+    (chat(seed=2**63),
+     "Invalid 'seed': integer above maximum value. Expected a value <= 9223372036854775807, but got "
+     "9223372036854775808 instead."),
+    (chat(seed=-(2**63) - 1),
+     "Invalid 'seed': integer below minimum value. Expected a value >= -9223372036854775808, but got "
+     "-9223372036854775809 instead."),
+    (chat(service_tier="turbo"),
+     "Invalid value: 'turbo'. Supported values are: 'auto', 'default', 'flex', 'scale', and 'priority'."),
+    (chat(modalities=["video"]), "Invalid value: 'video'. Supported values are: 'text' and 'audio'."),
+    (chat(modalities=["text", "audio"]),
+     "Unsupported value: 'modalities' does not support 'audio' with this model. This model answers text only."),
+    (chat(stop=[]),
+     "Invalid 'stop': empty array. Expected an array with minimum length 1, but got an empty array instead."),
     (chat(stop=list("abcde")),
      "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 "
      "instead."),
@@ -241,6 +273,38 @@ def test_top_level_fields_are_checked_in_the_bodys_order_before_the_messages():
 def test_a_huge_number_is_shown_cut_short():
     problem = validation.check(CHAT, chat(n=10 ** 300))
     assert problem[2] == "integer_above_max_value" and len(problem[1]) < 300
+
+
+def test_audio_output_is_refused_saying_the_model_answers_text_only():
+    param, message, code = validation.check(CHAT, chat(audio={"voice": "alloy", "format": "wav"}))
+    assert (param, code) == ("audio", "unsupported_parameter")
+    assert message.startswith("Unsupported parameter: 'audio' is not supported with this model.")
+    assert "text only" in message
+
+
+def test_service_tier_and_modalities_are_chat_fields_only():
+    # Not OpenAI's on the legacy completions nor on embeddings: engines' extras there, passed on.
+    assert validation.check(COMPLETIONS, {"prompt": "x", "service_tier": "turbo", "modalities": ["audio"]}) is None
+    assert validation.check(EMBEDDINGS, {"input": "x", "service_tier": "turbo", "audio": {}}) is None
+
+
+@pytest.mark.parametrize("body, sent", [
+    ({"stop": "", "n": 1}, {"n": 1}),
+    ({"stop": ["", "x", ""]}, {"stop": ["x"]}),
+    ({"stop": [""]}, {}),
+    ({"stop": ["\n"]}, {"stop": ["\n"]}),
+    ({"stop": " "}, {"stop": " "}),  # white space is a real stop
+    ({}, {}),
+])
+def test_empty_stop_strings_are_taken_out_before_the_engine(body, sent):
+    before = json.dumps(body)
+    assert validation.without_empty_stops(body) == sent
+    assert json.dumps(body) == before  # not changed in place
+
+
+def test_a_body_without_empty_stops_is_returned_as_it_is():
+    body = {"stop": ["x"], "messages": HI}
+    assert validation.without_empty_stops(body) is body
 
 
 def test_other_paths_are_not_checked():
