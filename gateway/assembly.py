@@ -335,7 +335,7 @@ def split_n(body: dict, n: int) -> list[dict]:
     for i in range(n):
         one = {key: value for key, value in body.items() if key != "n"}
         if integers.is_int(seed):
-            one["seed"] = seed + i
+            one["seed"] = (seed + i + 2 ** 63) % 2 ** 64 - 2 ** 63  # stepped within int64
         bodies.append(one)
     return bodies
 

@@ -121,6 +121,7 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max
       when neither names a positive count, the model's ``default_max_tokens`` becomes
       ``max_tokens`` (0 or -1 mean "no limit" to llama.cpp). An unbounded request can hold
       a CPU replica for minutes;
+    * with ``bound``, empty ``stop`` strings are left out (OpenAI stops on nothing for them);
     * with ``traits`` (``catalog.engines.EngineTraits``) of an engine that does not know the
       ``developer`` role, such messages go as ``system`` (what OpenAI's older models do)."""
     patched: dict | None = None
@@ -136,6 +137,10 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max
         if limit is not None:
             patched = dict(body) if patched is None else patched
             patched["max_tokens"] = limit
+    if bound:  # an empty stop string matches at once on llama.cpp and vLLM: the answer would be empty
+        current = body if patched is None else patched
+        if (cleaned := validation.without_empty_stops(current)) is not current:
+            patched = cleaned
     if traits is not None and not traits.knows_developer_role:
         messages = developer_as_system(body.get("messages"))
         if messages is not None:

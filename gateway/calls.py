@@ -40,6 +40,7 @@ from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
 from gateway.upstream import Refused, copy_headers, open_upstream, upstream_url
+from gateway.validation import without_empty_stops
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def leg_bodies(body: dict, how: Composition, max_tokens: int | None) -> list[byt
     is choice ``i * n + j``, as OpenAI orders them): ``n`` = 1 each (the seed stepped,
     :func:`gateway.assembly.split_n`), a stream asking for usage, ``max_tokens`` set when
     given (``gateway.bodies.token_bound``)."""
+    body = without_empty_stops(body)
     bodies = []
     for prompt in how.prompts or (None,):
         one = dict(body) if prompt is None else {**body, "prompt": prompt}
