@@ -54,6 +54,13 @@ class EngineTraits:
     knows_developer_role: bool = True
     #: ``echo`` honoured in a stream (llama-cpp-python drops it there).
     echoes_in_streams: bool = True
+    #: ``tool_choice: "required"`` honoured (llama-cpp-python answers in text instead).
+    serves_tool_choice_required: bool = True
+    #: Image parts in messages understood: llama.cpp's servers only when started with a
+    #: projector (``--clip_model_path``, ``--mmproj``); others as far as we know.
+    serves_images: bool = True
+    #: Audio parts in messages understood (llama.cpp's servers: no).
+    serves_audio: bool = True
 
     def tokenize_body(self, text: str) -> dict[str, str]:
         """The JSON body of a tokenizer request for ``text``; ValueError if it has none."""
@@ -76,8 +83,13 @@ _BEHAVIOUR: dict[str, tuple[bool, bool, bool, str | None, str | None]] = {
 
 #: What else an engine does otherwise than OpenAI (checked on llama-cpp-python 0.3.36).
 _QUIRKS: dict[str, dict[str, bool]] = {
-    "llama_cpp_python": {"serves_prompt_lists": False, "knows_developer_role": False, "echoes_in_streams": False},
+    "llama_cpp_python": {"serves_prompt_lists": False, "knows_developer_role": False, "echoes_in_streams": False,
+                         "serves_tool_choice_required": False, "serves_audio": False},
+    "llama_server": {"serves_audio": False},
 }
+
+#: The flags that give a llama.cpp server a vision projector (images in messages).
+_PROJECTOR_FLAGS = {"llama_cpp_python": ("--clip_model_path",), "llama_server": ("--mmproj", "-mm", "--mmproj-url")}
 
 #: The flags that carry the context length, per engine.
 _CONTEXT_FLAGS: dict[str, tuple[str, ...]] = {
@@ -165,5 +177,9 @@ def engine_traits(engine: str, command: str) -> EngineTraits:
     if engine not in _BEHAVIOUR:
         return EngineTraits(engine or "custom", frozenset(ALL_ENDPOINTS), None, True, True, True, None, None)
     serves_n, cancels, usage, path, field = _BEHAVIOUR[engine]
+    quirks = dict(_QUIRKS.get(engine, {}))
+    if engine in _PROJECTOR_FLAGS:
+        words = command_words(command)
+        quirks["serves_images"] = any(w == f or w.startswith(f + "=") for w in words for f in _PROJECTOR_FLAGS[engine])
     return EngineTraits(engine, default_endpoints(engine, command), context_length_from_command(engine, command),
-                        serves_n, cancels, usage, path, field, **_QUIRKS.get(engine, {}))
+                        serves_n, cancels, usage, path, field, **quirks)

@@ -98,6 +98,8 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return ex.answer(openai_error(404, f"The model '{model.name}' does not serve /v1/{path}; it serves "
                                            f"{served}.", code="unknown_url"))
     problem = validation.check(path, body, model.token_limits())
+    if problem is None and not model.is_external:
+        problem = validation.engine_problem(path, body, model.engine_traits, model.name)
     if problem is not None:
         param, message, code = problem
         return ex.answer(openai_error(400, message, code=code, param=param))

@@ -654,3 +654,28 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     if limits is not None:
         return _limit_problem(body, limits)
     return None
+
+
+def engine_problem(path: str, body: dict, traits, model: str) -> Problem | None:
+    """What a valid request asks that the engine serving ``model`` would silently ignore
+    (``traits``: ``catalog.engines.EngineTraits``), as a 400 ``unsupported_value`` — OpenAI
+    refuses what a model cannot do rather than answer without it: image or audio parts to an
+    engine without them, ``tool_choice: "required"`` to one that answers in text instead.
+    None when the engine does what is asked. ``body`` has passed :func:`check`."""
+    if path.strip("/") != "chat/completions":
+        return None
+    if body.get("tool_choice") == "required" and not traits.serves_tool_choice_required:
+        return ("tool_choice", f"tool_choice 'required' is not supported by the engine serving '{model}': name the "
+                               "function to call instead.", "unsupported_value")
+    if traits.serves_images and traits.serves_audio:
+        return None
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if (kind == "image_url" and not traits.serves_images) or (kind == "input_audio" and not traits.serves_audio):
+                return (f"messages[{i}].content[{j}]", f"Invalid content type. {kind} is not supported by the model "
+                                                       f"'{model}' (its engine reads text only).", "unsupported_value")
+    return None

@@ -410,3 +410,17 @@ def test_a_body_nested_too_deeply_or_not_utf8_is_a_400(servers, models, key):
         r = httpx.post(servers["url"] + "/v1/chat/completions", content=raw, timeout=30,
                        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+
+
+def test_what_the_engine_would_ignore_is_refused(oai, models):
+    image = [{"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="llama", messages=image, max_tokens=2)
+    assert refused.value.body["param"] == "messages[0].content[1]", refused.value.body
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="llama", messages=HI, tools=tools, tool_choice="required", max_tokens=2)
+    assert refused.value.body["param"] == "tool_choice"
+    # An engine that serves them gets them.
+    assert oai.chat.completions.create(model="honest", messages=image, max_tokens=2).choices
