@@ -39,7 +39,7 @@ from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
-from gateway.upstream import Refused, copy_headers, open_upstream, upstream_url
+from gateway.upstream import Refused, copy_headers, open_upstream, upstream_url, what_broke
 from gateway.validation import without_empty_stops
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,10 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
     (headers read) and the replica that gave it, counted in flight there until the caller
     ends it (``live.end_request``); or the error answer (502 unreachable or failed, 504
     timeout), already counted out. A connection refused before any byte is retried once on
-    another ready replica. Raises CancelledError when the client leaves meanwhile."""
+    another ready replica, and one the engine closed before answering (a stale kept-alive
+    connection) once more. Raises CancelledError when the client leaves meanwhile."""
     tried: set[int] = set()
+    stale_retried = False
     while True:
         tried.add(endpoint.replica_id)
         live.begin_request(endpoint.replica_id)
@@ -94,10 +96,21 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
             live.end_request(endpoint.replica_id)
             return openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
                                 code="upstream_timeout")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            live.end_request(endpoint.replica_id)
+            if not stale_retried:
+                # A pooled keep-alive connection the engine had just closed (uvicorn closes
+                # idle ones after 5 s; a reset when it was already gone): once more, on a new one.
+                stale_retried = True
+                log.info("replica %s closed a kept-alive connection; sending again", endpoint.replica_id)
+                continue
+            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
+            return openai_error(502, f"The replica serving '{model.name}' failed: {what_broke(exc)}.",
+                                code="upstream_error")
         except aiohttp.ClientError as exc:
             live.end_request(endpoint.replica_id)
             log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
-            return openai_error(502, f"The replica serving '{model.name}' failed ({type(exc).__name__}).",
+            return openai_error(502, f"The replica serving '{model.name}' failed: {what_broke(exc)}.",
                                 code="upstream_error")
 
 
@@ -300,7 +313,7 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         if isinstance(exc, StreamEnded) and exc.empty:
             return await probe(model, path, body, query, headers, first_endpoint, ex)
         log.warning("upstream stream broke: %s", exc or type(exc).__name__)
-        return ex.answer(openai_error(502, f"The engine's answer broke off ({type(exc).__name__}).",
+        return ex.answer(openai_error(502, f"The engine's answer broke off: {what_broke(exc)}.",
                                       code="upstream_error"))
     extra = _replica_headers(first_endpoint, ex)
     if how.client_stream:
@@ -378,7 +391,7 @@ async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Co
         raise
     except _BROKEN as exc:
         log.warning("upstream stream broke: %s", exc or type(exc).__name__)
-        return ex.answer(openai_error(502, f"The engine's answer broke off ({type(exc).__name__}).",
+        return ex.answer(openai_error(502, f"The engine's answer broke off: {what_broke(exc)}.",
                                       code="upstream_error"))
     finally:
         await merged.aclose()
@@ -440,7 +453,7 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
         except _BROKEN as exc:
             log.warning("upstream stream broke: %s", exc or type(exc).__name__)
             status = 502
-            error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
+            error = {"error": {"message": f"The engine's stream broke off: {what_broke(exc)}.",
                                "type": "api_error", "param": None, "code": "upstream_stream_broken"}}
             yield assembly.encode_event(error)
         except (asyncio.CancelledError, GeneratorExit):

@@ -22,7 +22,7 @@ from gateway import assembly, metrics, sse
 from gateway.engine_errors import map_engine_error, one_line
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
-from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded
+from gateway.upstream import UpstreamAnswerTooLarge, copy_headers, read_bounded, what_broke
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
             read = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("upstream answer broke off: %s", exc or type(exc).__name__)
-            return ex.answer(openai_error(502, f"The upstream answer broke off ({type(exc).__name__}).",
+            return ex.answer(openai_error(502, f"The upstream answer broke off: {what_broke(exc)}.",
                                           code="upstream_error"))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away; closing the upstream tells the engine
@@ -210,7 +210,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                 # (an OpenAI-shaped error event) rather than end it as if it were complete.
                 log.warning("upstream stream broke: %s", exc)
                 status = 502
-                error = {"error": {"message": f"The engine's stream broke off ({type(exc).__name__}).",
+                error = {"error": {"message": f"The engine's stream broke off: {what_broke(exc)}.",
                                    "type": "api_error",
                                    "param": None, "code": "upstream_stream_broken"}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"

@@ -167,3 +167,19 @@ def upstream_url(url: str, query: bytes) -> str | URL:
         else:
             out += b"%%%02X" % byte
     return URL(f"{url}?{out.decode('ascii')}", encoded=True)
+
+
+def what_broke(exc: BaseException) -> str:
+    """An upstream failure in words for the client ("the connection was closed"), never a
+    library's class name (the log keeps that)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "it did not answer in time"
+    if isinstance(exc, UpstreamAnswerTooLarge) or type(exc).__name__ == "EventTooLarge":
+        return "its answer was over the size limit"
+    if type(exc).__name__ == "StreamEnded":
+        return "its stream ended before the answer was complete"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "its answer was cut off"
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+        return "the connection was closed"
+    return "the connection failed"
