@@ -58,5 +58,8 @@ async def test_an_external_model_is_served_from_memory_and_follows_an_edit(watch
         assert len(first.requests) == 2 and [r["headers"]["authorization"] for r in second.requests] == [
             "Bearer sk-second"]
     finally:
+        from gateway.usage import usage_records
+
+        await sync_to_async(usage_records.flush)()  # while this test's database exists (not at exit)
         first.stop()
         second.stop()
