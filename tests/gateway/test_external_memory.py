@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator
 
 from catalog.models import Model
+from gateway import cache  # noqa: F401  (registers its loader before the first refresh, as the web app does)
 from gateway.models import ApiKey
 from tests.upstream import RecordingUpstream
 
