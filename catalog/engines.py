@@ -61,6 +61,9 @@ class EngineTraits:
     serves_images: bool = True
     #: Audio parts in messages understood (llama.cpp's servers: no).
     serves_audio: bool = True
+    #: Engine extras refused because a bad value crashes the engine for everyone
+    #: (llama-cpp-python 0.3.36 dies with SIGSEGV on a malformed ``grammar``).
+    refused_fields: tuple[str, ...] = ()
 
     def tokenize_body(self, text: str) -> dict[str, str]:
         """The JSON body of a tokenizer request for ``text``; ValueError if it has none."""
@@ -82,9 +85,9 @@ _BEHAVIOUR: dict[str, tuple[bool, bool, bool, str | None, str | None]] = {
 }
 
 #: What else an engine does otherwise than OpenAI (checked on llama-cpp-python 0.3.36).
-_QUIRKS: dict[str, dict[str, bool]] = {
+_QUIRKS: dict[str, dict] = {
     "llama_cpp_python": {"serves_prompt_lists": False, "knows_developer_role": False, "echoes_in_streams": False,
-                         "serves_tool_choice_required": False, "serves_audio": False},
+                         "serves_tool_choice_required": False, "serves_audio": False, "refused_fields": ("grammar",)},
     "llama_server": {"serves_audio": False},
 }
 

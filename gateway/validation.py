@@ -660,8 +660,13 @@ def engine_problem(path: str, body: dict, traits, model: str) -> Problem | None:
     """What a valid request asks that the engine serving ``model`` would silently ignore
     (``traits``: ``catalog.engines.EngineTraits``), as a 400 ``unsupported_value`` — OpenAI
     refuses what a model cannot do rather than answer without it: image or audio parts to an
-    engine without them, ``tool_choice: "required"`` to one that answers in text instead.
+    engine without them, ``tool_choice: "required"`` to one that answers in text instead, an
+    engine extra that crashes the engine on a bad value (llama-cpp-python's ``grammar``).
     None when the engine does what is asked. ``body`` has passed :func:`check`."""
+    for field in traits.refused_fields:
+        if field in body:
+            return (field, f"Unrecognized request argument supplied: {field} (the engine serving '{model}' fails on "
+                           "some values of it; use response_format for structured output).", "unsupported_parameter")
     if path.strip("/") != "chat/completions":
         return None
     if body.get("tool_choice") == "required" and not traits.serves_tool_choice_required:

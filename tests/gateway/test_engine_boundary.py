@@ -422,5 +422,9 @@ def test_what_the_engine_would_ignore_is_refused(oai, models):
     with pytest.raises(openai.BadRequestError) as refused:
         oai.chat.completions.create(model="llama", messages=HI, tools=tools, tool_choice="required", max_tokens=2)
     assert refused.value.body["param"] == "tool_choice"
+    # A malformed grammar kills llama-cpp-python 0.3.36 (SIGSEGV) for everyone: never sent.
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.completions.create(model="llama", prompt="x", max_tokens=2, extra_body={"grammar": "root ::= ("})
+    assert refused.value.body["param"] == "grammar"
     # An engine that serves them gets them.
     assert oai.chat.completions.create(model="honest", messages=image, max_tokens=2).choices
