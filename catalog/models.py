@@ -328,27 +328,6 @@ class Model(models.Model):
             return self.profile.engine_traits
         return OPENAI_LIKE
 
-    # The gateway reads these on a Model or on a gateway.cache.CachedModel alike.
-    @property
-    def serves_n(self) -> bool:
-        return self.engine_traits.serves_n
-
-    @property
-    def cancels_unstreamed(self) -> bool:
-        return self.engine_traits.cancels_unstreamed
-
-    @property
-    def streams_usage(self) -> bool:
-        return self.engine_traits.streams_usage
-
-    @property
-    def tokenize_path(self) -> str | None:
-        return self.engine_traits.tokenize_path
-
-    @property
-    def tokenize_field(self) -> str | None:
-        return self.engine_traits.tokenize_field
-
     def token_limits(self) -> tuple[int | None, int | None]:
         """``(context_length, max_output_tokens)`` in tokens, each None when unknown.
 

@@ -40,8 +40,7 @@ class CachedModel:
     """The fields of a catalog ``Model`` the proxy reads, under the same attribute names, so
     that either can be handed to it: ``served_endpoints`` (``Model.served_endpoints``),
     ``context_limit`` and ``max_output_tokens`` (tokens, None unknown; also as
-    ``token_limits()``), and the engine's traits ``serves_n``, ``cancels_unstreamed``,
-    ``streams_usage``, ``tokenize_path``, ``tokenize_field`` (``catalog.engines``; an
+    ``token_limits()``), and ``engine_traits`` (``catalog.engines``; an
     external model is treated as OpenAI itself)."""
 
     id: int
@@ -63,26 +62,6 @@ class CachedModel:
     def token_limits(self) -> tuple[int | None, int | None]:
         """``(context_length, max_output_tokens)`` as ``Model.token_limits``."""
         return self.context_limit, self.max_output_tokens
-
-    @property
-    def serves_n(self) -> bool:
-        return self.engine_traits.serves_n
-
-    @property
-    def cancels_unstreamed(self) -> bool:
-        return self.engine_traits.cancels_unstreamed
-
-    @property
-    def streams_usage(self) -> bool:
-        return self.engine_traits.streams_usage
-
-    @property
-    def tokenize_path(self) -> str | None:
-        return self.engine_traits.tokenize_path
-
-    @property
-    def tokenize_field(self) -> str | None:
-        return self.engine_traits.tokenize_field
 
 
 def _profiles() -> dict[int, tuple[EngineTraits, frozenset[str]]]:

@@ -12,7 +12,7 @@ from gateway import cache
 
 pytestmark = pytest.mark.django_db
 
-SAME = ("served_endpoints", "serves_n", "cancels_unstreamed", "streams_usage", "tokenize_path", "tokenize_field",
+SAME = ("served_endpoints", "engine_traits",
         "max_output_tokens", "context_limit", "is_external", "default_max_tokens")
 
 
@@ -65,8 +65,9 @@ def test_the_cached_limits_and_endpoints_follow_the_precedence(catalog_rows):
     assert cached["embedder"].served_endpoints == {"embeddings"}
     assert cached["big"].served_endpoints == {"chat/completions"}
     assert cached["gpt"].served_endpoints == {"chat/completions", "completions", "embeddings"}
-    assert (cached["small"].serves_n, cached["small"].tokenize_path) == (False, "/extras/tokenize")
-    assert (cached["gpt"].serves_n, cached["gpt"].streams_usage, cached["gpt"].tokenize_path) == (True, True, None)
+    small, gpt = cached["small"].engine_traits, cached["gpt"].engine_traits
+    assert (small.serves_n, small.tokenize_path) == (False, "/extras/tokenize")
+    assert (gpt.serves_n, gpt.streams_usage, gpt.tokenize_path) == (True, True, None)
 
 
 def test_loading_the_cache_takes_the_same_few_queries_however_many_models(catalog_rows):

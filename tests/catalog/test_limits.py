@@ -64,10 +64,12 @@ def test_served_endpoints_are_the_models_own_else_its_profiles_else_all():
 
 def test_a_model_reads_its_engines_traits_and_an_external_one_is_openai():
     m = model(profile())
-    assert (m.serves_n, m.cancels_unstreamed, m.streams_usage, m.tokenize_path, m.tokenize_field) == (
+    t = m.engine_traits
+    assert (t.serves_n, t.cancels_unstreamed, t.streams_usage, t.tokenize_path, t.tokenize_field) == (
         False, False, False, "/extras/tokenize", "input")
     ext = Model(name="gpt", external_base_url="https://api.example.com/v1")
-    assert (ext.serves_n, ext.cancels_unstreamed, ext.streams_usage, ext.tokenize_path) == (True, True, True, None)
+    e = ext.engine_traits
+    assert (e.serves_n, e.cancels_unstreamed, e.streams_usage, e.tokenize_path) == (True, True, True, None)
 
 
 def test_the_explain_line_names_the_limits_and_the_endpoints():
