@@ -39,7 +39,7 @@ from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
-from gateway.upstream import Refused, copy_headers, open_upstream, upstream_url, what_broke
+from gateway.upstream import Refused, copy_headers, open_upstream, read_bounded, upstream_url, what_broke
 from gateway.validation import without_empty_stops
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,9 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
     (headers read) and the replica that gave it, counted in flight there until the caller
     ends it (``live.end_request``); or the error answer (502 unreachable or failed, 504
     timeout), already counted out. A connection refused before any byte is retried once on
-    another ready replica, and one the engine closed before answering (a stale kept-alive
-    connection) once more. Raises CancelledError when the client leaves meanwhile."""
+    another ready replica; nothing else is sent twice (the engine may have read it). Raises
+    CancelledError when the client leaves meanwhile."""
     tried: set[int] = set()
-    stale_retried = False
     while True:
         tried.add(endpoint.replica_id)
         live.begin_request(endpoint.replica_id)
@@ -96,17 +95,6 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
             live.end_request(endpoint.replica_id)
             return openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
                                 code="upstream_timeout")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            live.end_request(endpoint.replica_id)
-            if not stale_retried:
-                # A pooled keep-alive connection the engine had just closed (uvicorn closes
-                # idle ones after 5 s; a reset when it was already gone): once more, on a new one.
-                stale_retried = True
-                log.info("replica %s closed a kept-alive connection; sending again", endpoint.replica_id)
-                continue
-            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
-            return openai_error(502, f"The replica serving '{model.name}' failed: {what_broke(exc)}.",
-                                code="upstream_error")
         except aiohttp.ClientError as exc:
             live.end_request(endpoint.replica_id)
             log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
@@ -260,46 +248,64 @@ async def _leg_chunks(upstream: aiohttp.ClientResponse, replica_id: int, ex: Exc
 _BROKEN = (aiohttp.ClientError, asyncio.TimeoutError, assembly.EventTooLarge, StreamEnded)
 
 
+class LegFailed(Exception):
+    """A leg of a composition could not be served: ``answer`` is the client's (the engine's
+    error mapped, or the gateway's 502/504)."""
+
+    def __init__(self, answer: HttpResponse) -> None:
+        super().__init__(answer.status_code)
+        self.answer = answer
+
+
+async def _leg(model, out: Outgoing, pick, ex: Exchange, opened: dict, index: int):
+    """One leg: sent to the replica ``pick()`` chooses when the leg starts (earlier legs are
+    in flight by then, so legs spread over replicas), its chunks until ``[DONE]``. Each leg
+    is read as soon as it answers, whatever the others do: an engine that serves one request
+    at a time must be able to finish one leg while the next waits, or neither would end.
+    Raises :class:`LegFailed` for an error answer, :class:`StreamEnded` for a broken stream.
+    ``opened[index]`` gets its ``(upstream, endpoint)``."""
+    answered = await open_on_replica(model, out, pick(), ex)
+    if isinstance(answered, HttpResponse):
+        raise LegFailed(answered)
+    upstream, endpoint = answered
+    opened[index] = answered
+    content_type = upstream.headers.get("content-type", "")
+    if upstream.status >= 400 or "text/event-stream" not in content_type:
+        try:
+            raw = await read_bounded(upstream)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            raw = b""
+        finally:
+            upstream.close()
+            live.end_request(endpoint.replica_id)
+        if upstream.status >= 400:
+            raise LegFailed(engine_error_response(upstream.status, content_type, raw, ex))
+        raise LegFailed(openai_error(502, f"The engine serving '{model.name}' answered a stream request without a "
+                                          "stream.", code="engine_error"))
+    async for data in _leg_chunks(upstream, endpoint.replica_id, ex):
+        yield data
+
+
 async def compose(model, path: str, body: dict, query: bytes, headers: dict[str, str], endpoint: Endpoint,
                   ex: Exchange, how: Composition, max_tokens: int | None) -> HttpResponse:
     """One answer for ``body`` built from ``how.legs`` upstream streams (see the module
-    docstring), the first on ``endpoint``, the others on the model's least-loaded replicas.
-    An upstream that answers an error is relayed as any engine error (mapped), one that ends
-    before its first event is asked why (:func:`probe`); the other legs are closed."""
+    docstring), the first on ``endpoint``, the others on the model's least-loaded replicas,
+    all read at once. An upstream that answers an error is answered as any engine error
+    (mapped), one that ends before its first event is asked why (:func:`probe`); the other
+    legs are closed."""
     kind = assembly.kind_of(path)
     ex.overhead_s = time.monotonic() - ex.started
-    opened: list[tuple[aiohttp.ClientResponse, Endpoint]] = []
+    opened: dict[int, tuple[aiohttp.ClientResponse, Endpoint]] = {}
 
-    def close_all() -> None:
-        for upstream, leg_endpoint in opened:
-            upstream.close()
-            live.end_request(leg_endpoint.replica_id)
-        opened.clear()
+    def pick(i: int):
+        return lambda: endpoint if i == 0 else (choose(live.current_view().routes.get(model.id, ())) or endpoint)
 
-    try:
-        for i, content in enumerate(leg_bodies(body, how, max_tokens)):
-            if i:
-                endpoint = choose(live.current_view().routes.get(model.id, ())) or endpoint
-            leg = await open_on_replica(model, Outgoing(path, query, content, headers, False), endpoint, ex)
-            if isinstance(leg, HttpResponse):
-                close_all()
-                return ex.answer(leg)
-            opened.append(leg)
-            if leg[0].status >= 400 or "text/event-stream" not in leg[0].headers.get("content-type", ""):
-                failed, failed_endpoint = opened.pop()
-                close_all()
-                ex.replica_id = failed_endpoint.replica_id
-                return await relay(failed, ex, failed_endpoint.replica_id, False, _replica_headers(failed_endpoint, ex))
-    except asyncio.CancelledError:
-        close_all()
-        ex.finish(499)
-        raise
-    first, first_endpoint = opened[0]
-    ex.replica_id = first_endpoint.replica_id
-    ex.upstream_status = first.status
-    streams = [_leg_chunks(upstream, leg_endpoint.replica_id, ex) for upstream, leg_endpoint in opened]
-    opened.clear()  # each leg's stream ends it now
+    streams = [_leg(model, Outgoing(path, query, content, headers, False), pick(i), ex, opened, i)
+               for i, content in enumerate(leg_bodies(body, how, max_tokens))]
     merged = assembly.merge_streams(streams)
+
+    def extra_of() -> dict[str, str]:  # the first leg's replica that answered
+        return _replica_headers(opened[min(opened)][1] if opened else endpoint, ex)
     try:
         head = await merged.__anext__()  # the answer's status is known once it has begun
     except StopAsyncIteration:
@@ -308,13 +314,19 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         await merged.aclose()
         ex.finish(499)
         raise
+    except LegFailed as failed:
+        await merged.aclose()
+        return _with_headers(ex.answer(failed.answer), extra_of())
     except _BROKEN as exc:
         await merged.aclose()
         if isinstance(exc, StreamEnded) and exc.empty:
-            return await probe(model, path, body, query, headers, first_endpoint, ex)
+            return await probe(model, path, body, query, headers, opened[min(opened)][1] if opened else endpoint, ex)
         log.warning("upstream stream broke: %s", exc or type(exc).__name__)
-        return ex.answer(openai_error(502, f"The engine's answer broke off: {what_broke(exc)}.",
-                                      code="upstream_error"))
+        return _with_headers(ex.answer(openai_error(502, f"The engine's answer broke off: {what_broke(exc)}.",
+                                                    code="upstream_error")), extra_of())
+    first, first_endpoint = opened[min(opened)]
+    ex.replica_id = first_endpoint.replica_id
+    ex.upstream_status = first.status
     extra = _replica_headers(first_endpoint, ex)
     if how.client_stream:
         response = _streamed(head, merged, ex, kind, how)
@@ -324,9 +336,13 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         copy_headers(first, response, extra)
         if "openai-processing-ms" in response:  # the first leg's, not the answer's
             del response["openai-processing-ms"]
-    else:
-        for name, value in extra.items():
-            response[name] = value
+        return response
+    return _with_headers(response, extra)
+
+
+def _with_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
+    for name, value in headers.items():
+        response[name] = value
     return response
 
 
@@ -389,6 +405,8 @@ async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Co
         ex.completion_tokens = assembler.content_chunks  # what the engine made before the client left
         ex.finish(499)  # every leg's upstream is closed
         raise
+    except LegFailed as failed:
+        return ex.answer(failed.answer)
     except _BROKEN as exc:
         log.warning("upstream stream broke: %s", exc or type(exc).__name__)
         return ex.answer(openai_error(502, f"The engine's answer broke off: {what_broke(exc)}.",
@@ -450,6 +468,9 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
                 yield assembly.usage_chunk(last, usage, kind, model=ex.model_label)
             done = True
             yield assembly.DONE_EVENT
+        except LegFailed as failed:  # another leg's engine refused after this stream began
+            status = failed.answer.status_code
+            yield contained_error_event(b"data: " + failed.answer.content + b"\n\n", ex)
         except _BROKEN as exc:
             log.warning("upstream stream broke: %s", exc or type(exc).__name__)
             status = 502

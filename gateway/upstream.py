@@ -43,13 +43,19 @@ _UNSAFE_RESPONSE_HEADERS = {"set-cookie", "set-cookie2", "www-authenticate", "pr
 _UNSAFE_RESPONSE_PREFIXES = ("access-control-", "x-llmgw-")
 
 
+#: Seconds an idle upstream connection is kept: under uvicorn's 5 s (llama-cpp-python, vLLM
+#: and SGLang serve with it), so the pool lets a connection go before the engine closes it and
+#: a request is never written into a connection the engine has just closed.
+KEEPALIVE_S = 4.0
+
+
 def upstream_client() -> aiohttp.ClientSession:
     """One shared session per running event loop (sessions are bound to their loop)."""
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None or client.closed:
         client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=30.0),
+            connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, connect=settings.LLMGW_UPSTREAM_CONNECT_TIMEOUT_S,
                                           sock_read=settings.LLMGW_UPSTREAM_READ_TIMEOUT_S),
             cookie_jar=aiohttp.DummyCookieJar(),

@@ -86,6 +86,8 @@ class Engine:
         """Return (list of output pieces, finish_reason)."""
         a = self.args
         pieces = list(a.text) if a.text is not None else [f"tok{i} " for i in range(a.tokens)]
+        if a.piece_bytes:  # big chunks: enough of them fill every socket buffer on the way
+            pieces = [p + "x" * a.piece_bytes for p in pieces]
         if isinstance(max_tokens, int) and 0 <= max_tokens < len(pieces):
             return pieces[:max_tokens], "length"
         return pieces, "stop"
@@ -163,7 +165,7 @@ class Engine:
         if self.args.fail_in_stream:
             if stream:  # the answer has begun when the engine finds out
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
-                             b"\r\n\r\n0\r\n\r\n")
+                             b"\r\nConnection: close\r\n\r\n0\r\n\r\n")
                 await writer.drain()
                 return False
             return await send_json(writer, 400, {"error": {
@@ -488,6 +490,7 @@ def parse_args(argv=None):
     p.add_argument("--fail-in-stream", action="store_true",
                    help="llama-cpp-python on a prompt over its context: a stream's headers, then the end; "
                         "a non-streamed request: 400 context_length_exceeded")
+    p.add_argument("--piece-bytes", type=int, default=0, help="pad every output piece with this many bytes")
     p.add_argument("--no-done", action="store_true", help="end streams after their chunks without [DONE]")
     p.add_argument("--repeat-tool-names", action="store_true",
                    help="with --tool-call: id, type, name and a function_call in every delta (llama-cpp-python)")

@@ -34,6 +34,8 @@ ENGINES = {
     "strict": ("--fastapi-422",),
     "honest": ("--tokens", "4", "--honor-n"),
     "overflow": ("--fail-in-stream",),
+    # One request at a time, answers bigger than every socket buffer between it and the client.
+    "serial": ("--capacity", "1", "--tokens", "300", "--piece-bytes", "32768", "--no-usage-chunk"),
     "undone": ("--tokens", "3", "--no-done"),
     "undone-custom": ("--tokens", "3", "--no-done"),
     "toolish": ("--tool-call", "--repeat-tool-names", "--no-usage-chunk"),
@@ -45,7 +47,7 @@ ENGINES = {
 
 
 #: Served with llama-cpp-python's profile: the gateway knows what that engine does not.
-LLAMA_LIKE = ("llama", "slowllama", "overflow", "undone", "toolish", "midllama")
+LLAMA_LIKE = ("llama", "slowllama", "overflow", "undone", "toolish", "midllama", "serial")
 
 
 @pytest.fixture(scope="module")
@@ -428,3 +430,21 @@ def test_what_the_engine_would_ignore_is_refused(oai, models):
     assert refused.value.body["param"] == "grammar"
     # An engine that serves them gets them.
     assert oai.chat.completions.create(model="honest", messages=image, max_tokens=2).choices
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_legs_on_an_engine_that_serves_one_request_at_a_time_all_finish(servers, models, key, stream):
+    """Each leg is read as soon as it answers: were the second opened before the first is
+    read, the engine would wait to write the first (its socket full) and never answer the
+    second."""
+    body = {"model": "serial", "prompt": "x", "max_tokens": 300, "n": 2, "stream": stream}
+    with httpx.stream("POST", servers["url"] + "/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as r:
+        raw = r.read()
+    assert r.status_code == 200, raw[:300]
+    if stream:
+        chunks = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+        indexes = {c["choices"][0]["index"] for c in chunks if c.get("choices")}
+        assert indexes == {0, 1}
+    else:
+        assert [len(c["text"]) > 300 * 32768 for c in json.loads(raw)["choices"]] == [True, True]
