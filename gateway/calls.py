@@ -34,7 +34,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from fleet import live
 from fleet.live import Endpoint
 from gateway import assembly, metrics, sse
-from gateway.bodies import developer_as_system
+from gateway.bodies import developer_as_system, requested_tokens
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
@@ -135,10 +135,10 @@ async def probe(model, path: str, body: dict, query: bytes, headers: dict[str, s
                 ex: Exchange) -> HttpResponse:
     """Why an engine ended a stream before its first event (llama-cpp-python raises inside
     a stream that has started, e.g. for a prompt over its context): the request asked again
-    without a stream and one token long, so the engine's own error comes back, mapped
+    without a stream (and one choice of the prompt), so the engine's own error comes back, mapped
     (``gateway.relay``); 502 ``engine_error`` if it then answers."""
     asked = {k: v for k, v in body.items() if k not in ("n", "stream", "stream_options")}
-    asked["max_tokens"] = 1
+    asked["max_tokens"] = requested_tokens(body, None) or 1  # as asked: an error then names it
     if isinstance(asked.get("prompt"), list) and asked["prompt"] and isinstance(asked["prompt"][0], str):
         asked["prompt"] = asked["prompt"][0]
     opened = await open_on_replica(model, Outgoing(path, query, json.dumps(asked).encode(), headers, False),
@@ -171,6 +171,9 @@ class Composition:
     prompt_tokens: int | None = None
     echo: bool = False
     developer_as_system: bool = False
+    #: The request used the legacy ``functions`` (not ``tools``): the answer's call is a
+    #: ``function_call`` with ``finish_reason`` "function_call", as OpenAI answers it.
+    legacy_functions: bool = False
 
     @property
     def legs(self) -> int:
@@ -355,11 +358,14 @@ def _produces(data: dict) -> bool:
                for c in data.get("choices") or ())
 
 
-def _tidy_tool_calls(data: dict, seen: set[tuple[int, int]]) -> dict:
+def _tidy_tool_calls(data: dict, seen: set[tuple[int, int]], legacy: bool = False) -> dict:
     """``data`` with a tool call's ``id``, ``type`` and function ``name`` only in its first
     delta, as OpenAI streams them: llama-cpp-python repeats them in every delta, and the
     SDK's stream helpers concatenate what comes ("get_weatherget_weather…"). ``seen``
-    holds the (choice index, tool call index) pairs already begun."""
+    holds the (choice index, tool call index) pairs already begun. ``legacy``: the request
+    used ``functions``, so the call goes as ``function_call`` deltas instead."""
+    if legacy:
+        return _as_function_call(data, seen)
     choices = data.get("choices")
     if not isinstance(choices, list) or not any(
             isinstance(c, dict) and isinstance(c.get("delta"), dict) and c["delta"].get("tool_calls") for c in choices):
@@ -388,6 +394,51 @@ def _tidy_tool_calls(data: dict, seen: set[tuple[int, int]]) -> dict:
         tidied.append({**choice, "delta": {**{k: v for k, v in delta.items() if k != "function_call"},
                                            "tool_calls": new_calls}})
     return {**data, "choices": tidied}
+
+
+def _as_function_call(data: dict, seen: set[tuple[int, int]]) -> dict:
+    """A chunk of a legacy ``functions`` request as OpenAI streams it: ``function_call``
+    deltas (the name in the first only), no ``tool_calls``, ``finish_reason``
+    "function_call"."""
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return data
+    tidied = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            tidied.append(choice)
+            continue
+        choice = dict(choice)
+        if choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "function_call"
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("function_call")):
+            call = delta.get("function_call")
+            if not isinstance(call, dict):
+                first = delta["tool_calls"][0] if isinstance(delta.get("tool_calls"), list) else None
+                call = first.get("function") if isinstance(first, dict) else None
+            delta = {k: v for k, v in delta.items() if k not in ("tool_calls", "function_call")}
+            if isinstance(call, dict):
+                key = (choice.get("index", 0), -1)
+                if key in seen:
+                    call = {k: v for k, v in call.items() if k != "name"}
+                seen.add(key)
+                delta["function_call"] = call
+            choice["delta"] = delta
+        tidied.append(choice)
+    return {**data, "choices": tidied}
+
+
+def _legacy_answer(answer: dict) -> dict:
+    """An assembled answer to a legacy ``functions`` request: the call as ``function_call``."""
+    for choice in answer.get("choices") or ():
+        message = choice.get("message") or {}
+        calls = message.pop("tool_calls", None)
+        if calls and not message.get("function_call"):
+            message["function_call"] = calls[0].get("function")
+        if choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "function_call"
+    return answer
 
 
 def _usage_of(data: dict) -> dict | None:
@@ -420,6 +471,8 @@ async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Co
     if assembler.usage is None:
         usage = assembly.make_usage(how.prompt_tokens or 0, assembler.content_chunks)
     answer = assembler.answer(usage)
+    if how.legacy_functions:
+        answer = _legacy_answer(answer)
     if how.echo and kind == "completion":
         prompts = how.prompts or ()
         for choice in answer["choices"]:
@@ -456,7 +509,7 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
                     status = 502
                     yield contained_error_event(assembly.encode_event({"error": data["error"]}), ex)
                     return
-                data = _tidy_tool_calls(data, seen_calls)
+                data = _tidy_tool_calls(data, seen_calls, how.legacy_functions)
                 last = data
                 if _produces(data):
                     ex.content_chunks += 1

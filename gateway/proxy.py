@@ -130,12 +130,16 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
             ex.finish(499)  # the client went away before the answer's headers
             raise
         return await relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
+    default_max_tokens = model.default_max_tokens
     try:
         found = await _find_replica(model)
         if served_here and traits.tokenize_path and not traits.streams_usage:
-            refused = await _count_prompt(model, path, body, found, ex)
-            if refused is not None:
-                return ex.answer(refused)
+            counted = await _count_prompt(model, path, body, found, ex)
+            if isinstance(counted, HttpResponse):
+                return ex.answer(counted)
+            if counted is not None:  # the default, cut to what the context has left
+                default_max_tokens = counted
+                content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, counted, traits)
     except asyncio.CancelledError:
         ex.finish(499)  # the client went away while held (the server cancels the view)
         raise
@@ -143,36 +147,56 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         return ex.answer(found)
     how = _composition(model, body, ex.stream, ex.prompt_tokens) if served_here else None
     if how is not None:
+        if how.legs > MAX_LEGS:
+            return ex.answer(openai_error(400, f"The engine serving '{model.name}' answers one prompt and one choice "
+                                               f"at a time: at most {MAX_LEGS} prompts × n in one request, not "
+                                               f"{how.legs}.", code="invalid_value", param="n"))
         return await calls.compose(model, path, body, query, headers, found, ex, how,
-                                   token_bound(body, model.default_max_tokens))
+                                   token_bound(body, default_max_tokens))
     add_usage = ex.stream and asks_usage(body)
     return await calls.forward(model, calls.Outgoing(path, query, content, headers, strip_usage), found, ex, body,
                                add_usage=add_usage)
 
 
-async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) -> HttpResponse | None:
+#: The most upstream requests one composed answer may make (prompts × n; OpenAI's own n is
+#: at most 128).
+MAX_LEGS = 128
+
+
+async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) -> HttpResponse | int | None:
     """The prompt's tokens counted before the request goes to an engine that reports no
     usage in streams (llama-cpp-python, whose tokenizer answers between generations: asked
     first, it costs a few milliseconds rather than waiting behind the answer), kept in
-    ``ex.prompt_tokens``; and OpenAI's 400 ``context_length_exceeded`` when the prompt and
-    the completion asked for do not fit the model's context (llama-cpp-python would end a
-    stream it has begun, or cut the answer short). None: go on."""
+    ``ex.prompt_tokens`` (a list of prompts: each counted, summed). Answers OpenAI's 400
+    ``context_length_exceeded`` when a prompt and the completion the client asked for do
+    not fit the model's context (llama-cpp-python would end a stream it has begun, or cut
+    the answer short); returns the model's ``default_max_tokens`` cut to what the context
+    leaves when the client named no limit and the default would not fit; else None."""
     if not isinstance(endpoint, Endpoint):
         return None
     traits = model.engine_traits
     count = assembly.prompt_token_ids_count(path, body)
+    longest = count
     if count is None:
-        count = await count_tokens(upstream_client(), endpoint.url, endpoint.key, traits.tokenize_path,
-                                   assembly.prompt_text(path, body), timeout_s=_TOKENIZE_TIMEOUT_S,
-                                   engine=traits.engine)
-    if count is None:
-        return None
+        prompt = body.get("prompt")
+        texts = prompt if (isinstance(prompt, list) and len(prompt) > 1 and len(prompt) <= MAX_LEGS
+                           and all(isinstance(p, str) for p in prompt)) else [assembly.prompt_text(path, body)]
+        counts = await asyncio.gather(*(count_tokens(upstream_client(), endpoint.url, endpoint.key,
+                                                     traits.tokenize_path, text, timeout_s=_TOKENIZE_TIMEOUT_S,
+                                                     engine=traits.engine) for text in texts))
+        if any(c is None for c in counts):
+            return None
+        count, longest = sum(counts), max(counts)
     ex.prompt_tokens = count
-    problem = context_problem(path, count, requested_tokens(body, model.default_max_tokens), model.context_limit)
-    if problem is None:
-        return None
-    param, message, code = problem
-    return openai_error(400, message, code=code, param=param)
+    asked = requested_tokens(body, None)  # what the client named; the model's default is ours to fit
+    problem = context_problem(path, longest, asked, model.context_limit)
+    if problem is not None:
+        param, message, code = problem
+        return openai_error(400, message, code=code, param=param)
+    default, context = model.default_max_tokens, model.context_limit
+    if not asked and default and context and longest + default > context:
+        return max(1, context - longest)
+    return None
 
 
 #: How long the prompt's count may wait for the engine's tokenizer (behind a generation in
@@ -202,7 +226,7 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
         if echo and prompts is None and isinstance(prompt, str):
             prompts = (prompt,)
         return calls.Composition(legs, stream, include_usage, prompts, prompt_tokens, echo,
-                                 not traits.knows_developer_role)
+                                 not traits.knows_developer_role, "functions" in body and "tools" not in body)
     return None
 
 

@@ -327,7 +327,7 @@ def test_an_engine_that_ends_its_stream_before_any_event_is_asked_why(oai, serve
         list(answer) if stream else None
     assert refused.value.body["code"] == "context_length_exceeded"
     probe = records(servers, "overflow")[-1]
-    assert probe["stream"] is False and probe["max_tokens"] == 1
+    assert probe["stream"] is False and probe["max_tokens"] == 3  # as asked, so the engine's error names it
 
 
 @pytest.mark.parametrize("model", ["undone", "undone-custom"])
@@ -448,3 +448,39 @@ def test_n_legs_on_an_engine_that_serves_one_request_at_a_time_all_finish(server
         assert indexes == {0, 1}
     else:
         assert [len(c["text"]) > 300 * 32768 for c in json.loads(raw)["choices"]] == [True, True]
+
+
+def test_each_prompt_of_a_list_is_held_to_the_context_not_their_sum(oai, models):
+    fits = " ".join(["word"] * 300)  # 300 tokens each, 600 together, in a 512-token context
+    reply = oai.completions.create(model="llama", prompt=[fits, fits], max_tokens=2)
+    assert len(reply.choices) == 2 and reply.usage.prompt_tokens == 600
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="llama", prompt=[fits, " ".join(["word"] * 600)], max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.completions.create(model="llama", prompt=["a", "b"], max_tokens=2, n=100)
+    assert "128" in refused.value.body["message"]
+
+
+def test_the_models_default_is_cut_to_what_the_context_leaves(oai, servers, models, key):
+    Model.objects.filter(name="llama").update(default_max_tokens=100)
+    prompt = " ".join(["word"] * 450)  # 450 of 512 tokens: 62 left for the answer
+    wait_until(lambda: post(servers, "/v1/completions", {"model": "llama", "prompt": "a b"}, key).status_code == 200
+               and records(servers, "llama")[-1]["max_tokens"] == 100, timeout_s=10, what="the default to apply")
+    reply = oai.completions.create(model="llama", prompt=prompt)
+    assert reply.choices and records(servers, "llama")[-1]["max_tokens"] == 62
+    with pytest.raises(openai.BadRequestError):  # but what the client names is held to the context
+        oai.completions.create(model="llama", prompt=prompt, max_tokens=100)
+
+
+def test_a_legacy_functions_request_is_answered_with_a_function_call(oai, models):
+    functions = [{"name": "get_weather", "parameters": {"type": "object"}}]
+    reply = oai.chat.completions.create(model="toolish", messages=HI, functions=functions,
+                                        function_call={"name": "get_weather"})
+    choice = reply.choices[0]
+    assert choice.message.function_call.name == "get_weather" and not choice.message.tool_calls
+    assert choice.finish_reason == "function_call"
+    chunks = list(oai.chat.completions.create(model="toolish", messages=HI, functions=functions, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [d.function_call for d in deltas if d.function_call]
+    assert calls[0].name == "get_weather" and all(c.name is None for c in calls[1:])
+    assert all(not d.tool_calls for d in deltas)
