@@ -231,10 +231,23 @@ def _stop(param: str, value) -> Problem | None:
     return None
 
 
+#: A token id as a ``logit_bias`` key: ASCII decimal digits only ("123"; not "-1", "1.5", "+1", "１").
+_TOKEN_ID = re.compile(r"[0-9]+", re.ASCII)
+
+
 def _logit_bias(param: str, value) -> Problem | None:
+    """Token ids (decimal strings >= 0) → biases of -100..100. A key that is no token id is
+    OpenAI's "Invalid key in 'logit_bias': AI. You should only be submitting non-negative
+    integers." (its answer in OkGoDoIt/OpenAI-API-dotnet#163, go-openai#129), naming
+    ``logit_bias``; engines fail on one: llama-cpp-python's ``int(key)`` is a 500 with a bare
+    ValueError, vLLM's a 400 without ``param``."""
     if not isinstance(value, dict):
         return _wrong_type(param, "an object", value)
     for token, bias in value.items():
+        if not _TOKEN_ID.fullmatch(token):
+            shown = _shown(token) or "''"
+            return (param, f"Invalid key in '{param}': {shown}. You should only be submitting non-negative "
+                           f"integers (token ids, such as \"50256\").", "invalid_value")
         here = f"{param}.{_printable(token)}"
         if not _is_number(bias):
             return _wrong_type(here, "a number", bias)
