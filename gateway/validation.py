@@ -669,17 +669,30 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     return None
 
 
+def _is_token_prompt(prompt: list) -> bool:
+    """A prompt of token ids: a list of ints, or a list of non-empty lists of ints."""
+    return _token_list(prompt) or all(isinstance(item, list) and item and _token_list(item) for item in prompt)
+
+
 def engine_problem(path: str, body: dict, traits, model: str) -> Problem | None:
     """What a valid request asks that the engine serving ``model`` would silently ignore
     (``traits``: ``catalog.engines.EngineTraits``), as a 400 ``unsupported_value`` — OpenAI
     refuses what a model cannot do rather than answer without it: image or audio parts to an
-    engine without them, ``tool_choice: "required"`` to one that answers in text instead, an
+    engine without them, ``tool_choice: "required"`` to one that answers in text instead, a
+    completions ``prompt`` of token ids to one that takes text only (``serves_token_prompts``), an
     engine extra that crashes the engine on a bad value (llama-cpp-python's ``grammar``).
     None when the engine does what is asked. ``body`` has passed :func:`check`."""
     for field in traits.refused_fields:
         if field in body:
             return (field, f"Unrecognized request argument supplied: {field} (the engine serving '{model}' fails on "
                            "some values of it; use response_format for structured output).", "unsupported_parameter")
+    if path.strip("/") == "completions":
+        prompt = body.get("prompt")
+        if not traits.serves_token_prompts and isinstance(prompt, list) and prompt and _is_token_prompt(prompt):
+            return ("prompt", f"Unsupported value: 'prompt' as token ids is not supported by the engine serving "
+                              f"'{model}': it takes text prompts only. Send the prompt as a string.",
+                    "unsupported_value")
+        return None
     if path.strip("/") != "chat/completions":
         return None
     if body.get("tool_choice") == "required" and not traits.serves_tool_choice_required:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from catalog.engines import engine_traits
 from gateway import validation
 
 CHAT = "chat/completions"
@@ -416,3 +417,31 @@ def test_a_logit_bias_key_of_decimal_digits_is_a_token_id(key):
 def test_a_logit_bias_key_is_checked_before_its_value():
     problem = validation.check(CHAT, chat(logit_bias={"abc": 500}))
     assert problem[0] == "logit_bias" and problem[1].startswith("Invalid key in 'logit_bias': abc.")
+
+
+LLAMA_CPP_PYTHON = engine_traits("llama_cpp_python", "python -m llama_cpp.server --model m.gguf")
+VLLM = engine_traits("vllm", "vllm serve m")
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3]], [7]])
+def test_a_token_id_prompt_is_refused_for_an_engine_that_takes_text_only(prompt):
+    body = {"model": "m", "prompt": prompt}
+    assert validation.check(COMPLETIONS, body) is None
+    problem = validation.engine_problem(COMPLETIONS, body, LLAMA_CPP_PYTHON, "tiny")
+    assert problem is not None and problem[0] == "prompt" and problem[2] == "unsupported_value", problem
+    assert "'tiny'" in problem[1] and "text prompts only" in problem[1]
+
+
+@pytest.mark.parametrize("prompt", ["once", ["once"], ["a", "b"]])
+def test_a_text_prompt_passes_an_engine_that_takes_text_only(prompt):
+    assert validation.engine_problem(COMPLETIONS, {"model": "m", "prompt": prompt}, LLAMA_CPP_PYTHON, "tiny") is None
+
+
+def test_a_token_id_prompt_passes_an_engine_that_reads_token_ids():
+    for prompt in ([1, 2, 3], [[1, 2], [3]]):
+        assert validation.engine_problem(COMPLETIONS, {"model": "m", "prompt": prompt}, VLLM, "big") is None
+
+
+def test_token_ids_in_a_chat_or_an_embeddings_body_are_not_a_prompt():
+    assert validation.engine_problem(EMBEDDINGS, {"model": "m", "input": [1, 2]}, LLAMA_CPP_PYTHON, "tiny") is None
+    assert validation.engine_problem(CHAT, chat(prompt=[1, 2]), LLAMA_CPP_PYTHON, "tiny") is None
