@@ -61,6 +61,9 @@ class EngineTraits:
     serves_images: bool = True
     #: Audio parts in messages understood (llama.cpp's servers: no).
     serves_audio: bool = True
+    #: A completions ``prompt`` of token ids (``[1, 2]``, ``[[1], [2]]``) understood
+    #: (llama-cpp-python 0.3.36: 500 "Input should be a valid string").
+    serves_token_prompts: bool = True
     #: Engine extras refused because a bad value crashes the engine for everyone
     #: (llama-cpp-python 0.3.36 dies with SIGSEGV on a malformed ``grammar``).
     refused_fields: tuple[str, ...] = ()
@@ -87,7 +90,8 @@ _BEHAVIOUR: dict[str, tuple[bool, bool, bool, str | None, str | None]] = {
 #: What else an engine does otherwise than OpenAI (checked on llama-cpp-python 0.3.36).
 _QUIRKS: dict[str, dict] = {
     "llama_cpp_python": {"serves_prompt_lists": False, "knows_developer_role": False, "echoes_in_streams": False,
-                         "serves_tool_choice_required": False, "serves_audio": False, "refused_fields": ("grammar",)},
+                         "serves_tool_choice_required": False, "serves_audio": False, "refused_fields": ("grammar",),
+                         "serves_token_prompts": False},
     "llama_server": {"serves_audio": False},
 }
 

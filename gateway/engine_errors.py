@@ -12,6 +12,11 @@ OpenAI's statuses (issue 15, docs/architecture.md "Gateway rules"):
 * a context-length complaint is 400 ``context_length_exceeded`` whatever the status;
 * the framework's own 404 (no such route) is 404 ``unknown_endpoint``;
 * the engine's 401/403 is the gateway's engine key being refused, not the client's: 502;
+* a 5xx whose message is a bare Python ValueError (``invalid literal for int() with base 10:
+  'abc'``, ``could not convert string to float: 'x'``) is the engine failing to read one of the
+  request's values: 400 ``invalid_value``;
+* a 5xx whose message is a bare KeyError repr (``'content'``) is 502 ``engine_error`` saying
+  which field the engine did not find, never the bare word;
 * any other 5xx is 502 ``engine_error``.
 
 Messages are one line of at most ``MESSAGE_MAX_CHARS`` characters, with no traceback and
@@ -64,6 +69,13 @@ _HTML = re.compile(rb"^\s*<(?:!doctype|html|head|body|\?xml)", re.I)
 _MISSING_TYPES = {"missing", "missing_argument", "value_error.missing"}
 _TYPE_SUFFIXES = ("_type", "_parsing", ".not_a_dict", ".not_a_list")
 _DEFAULT_CODES = {429: "rate_limit_exceeded"}
+# A bare Python ValueError as a 5xx's whole message: the engine converted a value of the
+# request and failed (llama-cpp-python's int() of a logit_bias key). The client's 400.
+_VALUE_ERROR = re.compile(r"\s*(?:ValueError:\s*)?(?:invalid literal for \w+\(\) with base \d+: "
+                          r"|could not convert string to \w+: )", re.I)
+# A bare KeyError repr as a 5xx's whole message ("'content'"): the engine looked up a field
+# the request left out (llama-cpp-python's chat template on an assistant turn without content).
+_KEY_ERROR = re.compile(r"\s*(?:KeyError:\s*)?('[\w.\-]{1,64}'|\"[\w.\-]{1,64}\")\s*")
 
 
 def map_engine_error(status: int, content_type: str, body: bytes, model: str,
@@ -118,6 +130,14 @@ def map_engine_error(status: int, content_type: str, body: bytes, model: str,
                 "engine_error", None)
     if validation:
         return 400, one_line(message), code or "invalid_value", param
+    if status >= 500 and message is not None:
+        if _VALUE_ERROR.match(message):
+            return (400, f"Invalid value in the request: the engine serving '{model}' could not read it "
+                         f"({one_line(message)}).", "invalid_value", param)
+        key = _KEY_ERROR.fullmatch(message)
+        if key:
+            return (502, f"The engine serving '{model}' failed on this request (it read a field it did not find: "
+                         f"{key.group(1)}).", "engine_error", None)
     if status == 404 and code is None and message and re.search(r"\bmodel\b.*\b(?:does not exist|not found)", message, re.I):
         code = "model_not_found"
     if 400 <= status < 500:

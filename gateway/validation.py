@@ -231,10 +231,23 @@ def _stop(param: str, value) -> Problem | None:
     return None
 
 
+#: A token id as a ``logit_bias`` key: ASCII decimal digits only ("123"; not "-1", "1.5", "+1", "１").
+_TOKEN_ID = re.compile(r"[0-9]+", re.ASCII)
+
+
 def _logit_bias(param: str, value) -> Problem | None:
+    """Token ids (decimal strings >= 0) → biases of -100..100. A key that is no token id is
+    OpenAI's "Invalid key in 'logit_bias': AI. You should only be submitting non-negative
+    integers." (its answer in OkGoDoIt/OpenAI-API-dotnet#163, go-openai#129), naming
+    ``logit_bias``; engines fail on one: llama-cpp-python's ``int(key)`` is a 500 with a bare
+    ValueError, vLLM's a 400 without ``param``."""
     if not isinstance(value, dict):
         return _wrong_type(param, "an object", value)
     for token, bias in value.items():
+        if not _TOKEN_ID.fullmatch(token):
+            shown = _shown(token) or "''"
+            return (param, f"Invalid key in '{param}': {shown}. You should only be submitting non-negative "
+                           f"integers (token ids, such as \"50256\").", "invalid_value")
         here = f"{param}.{_printable(token)}"
         if not _is_number(bias):
             return _wrong_type(here, "a number", bias)
@@ -656,17 +669,30 @@ def check(path: str, body: dict, limits: tuple[int | None, int | None] | None = 
     return None
 
 
+def _is_token_prompt(prompt: list) -> bool:
+    """A prompt of token ids: a list of ints, or a list of non-empty lists of ints."""
+    return _token_list(prompt) or all(isinstance(item, list) and item and _token_list(item) for item in prompt)
+
+
 def engine_problem(path: str, body: dict, traits, model: str) -> Problem | None:
     """What a valid request asks that the engine serving ``model`` would silently ignore
     (``traits``: ``catalog.engines.EngineTraits``), as a 400 ``unsupported_value`` — OpenAI
     refuses what a model cannot do rather than answer without it: image or audio parts to an
-    engine without them, ``tool_choice: "required"`` to one that answers in text instead, an
+    engine without them, ``tool_choice: "required"`` to one that answers in text instead, a
+    completions ``prompt`` of token ids to one that takes text only (``serves_token_prompts``), an
     engine extra that crashes the engine on a bad value (llama-cpp-python's ``grammar``).
     None when the engine does what is asked. ``body`` has passed :func:`check`."""
     for field in traits.refused_fields:
         if field in body:
             return (field, f"Unrecognized request argument supplied: {field} (the engine serving '{model}' fails on "
                            "some values of it; use response_format for structured output).", "unsupported_parameter")
+    if path.strip("/") == "completions":
+        prompt = body.get("prompt")
+        if not traits.serves_token_prompts and isinstance(prompt, list) and prompt and _is_token_prompt(prompt):
+            return ("prompt", f"Unsupported value: 'prompt' as token ids is not supported by the engine serving "
+                              f"'{model}': it takes text prompts only. Send the prompt as a string.",
+                    "unsupported_value")
+        return None
     if path.strip("/") != "chat/completions":
         return None
     if body.get("tool_choice") == "required" and not traits.serves_tool_choice_required:

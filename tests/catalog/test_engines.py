@@ -99,3 +99,11 @@ def test_the_presets_traits():
     assert engine_traits(cpu["engine"], cpu["command"]).endpoints == TEXT
     for name in ("llama-server-gpu", "vllm", "sglang"):
         assert engine_traits(PRESETS[name]["engine"], PRESETS[name]["command"]).context_length is None, name
+
+
+@pytest.mark.parametrize("engine, token_prompts", [
+    ("llama_cpp_python", False), ("llama_server", True), ("vllm", True), ("sglang", True), ("custom", True),
+])
+def test_only_llama_cpp_python_refuses_a_prompt_of_token_ids(engine, token_prompts):
+    assert engine_traits(engine, "cmd --port {port}").serves_token_prompts is token_prompts
+    assert OPENAI_LIKE.serves_token_prompts

@@ -408,3 +408,49 @@ def test_a_lone_surrogate_is_the_clients_400_not_an_engine_failure():
     body = (FIXTURES / "llama_cpp_python_lone_surrogate.json").read_bytes()
     status, message, code, _ = map_engine_error(500, "application/json", body, "gemma", "chat/completions")
     assert (status, code) == (400, "invalid_value") and "surrogate" in message
+
+
+# ------------------------------------------------------------------ bare Python errors as a 5xx
+@pytest.mark.parametrize("text", [
+    "invalid literal for int() with base 10: 'abc'",
+    "invalid literal for int() with base 10: '1.5'",
+    "could not convert string to float: 'x'",
+    "ValueError: invalid literal for int() with base 16: 'zz'",
+])
+def test_a_500_that_is_a_bare_value_error_is_the_clients_invalid_value(text):
+    status, message, code, _ = _map(500, {"error": {"message": text, "type": "internal_server_error"}})
+    assert (status, code) == (400, "invalid_value")
+    assert message.startswith("Invalid value in the request: the engine serving 'gemma' could not read it")
+    _assert_one_clean_line(message)
+
+
+def test_llama_cpp_pythons_logit_bias_key_failure_is_a_400():
+    body = (FIXTURES / "llama_cpp_python_logit_bias_key_abc.json").read_bytes()
+    status, message, code, _ = map_engine_error(500, "application/json", body, "gemma", "completions")
+    assert (status, code) == (400, "invalid_value") and "'abc'" in message
+
+
+@pytest.mark.parametrize("text, field", [("'content'", "'content'"), ("KeyError: 'tool_calls'", "'tool_calls'"),
+                                         ('"role"', '"role"')])
+def test_a_500_that_is_a_bare_key_error_names_the_missing_field_in_a_sentence(text, field):
+    status, message, code, param = _map(500, {"error": {"message": text, "type": "internal_server_error"}})
+    assert (status, code, param) == (502, "engine_error", None)
+    assert message == f"The engine serving 'gemma' failed on this request (it read a field it did not find: {field})."
+
+
+def test_the_captured_key_error_never_reaches_the_client_bare():
+    body = (FIXTURES / "llama_cpp_python_assistant_without_content.json").read_bytes()
+    _, message, _, _ = map_engine_error(500, "application/json", body, "gemma", "chat/completions")
+    assert message != "'content'" and "it read a field it did not find: 'content'" in message
+
+
+@pytest.mark.parametrize("status, text", [
+    (400, "invalid literal for int() with base 10: 'abc'"),  # a 4xx keeps its own status
+    (500, "the worker said: invalid literal for int() with base 10: 'abc'"),  # not a bare ValueError
+    (500, "'content' is missing from the cache"),  # not a bare KeyError
+    (500, "'two words'"),
+])
+def test_only_a_bare_python_error_as_a_5xx_is_read_as_one(status, text):
+    mapped_status, message, code, _ = _map(status, {"error": {"message": text}})
+    assert "could not read it" not in message and "did not find" not in message
+    assert (mapped_status, code) == ((400, "engine_error") if status == 400 else (502, "engine_error"))

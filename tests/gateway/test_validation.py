@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from catalog.engines import engine_traits
 from gateway import validation
 
 CHAT = "chat/completions"
@@ -173,6 +174,8 @@ INVALID = [
     (CHAT, chat(logit_bias=[1]), "logit_bias", "invalid_type"),
     (CHAT, chat(logit_bias={"1": 101}), "logit_bias.1", "integer_above_max_value"),
     (CHAT, chat(logit_bias={"1": "x"}), "logit_bias.1", "invalid_type"),
+    (CHAT, chat(logit_bias={"abc": 1}), "logit_bias", "invalid_value"),
+    (COMPLETIONS, {"model": "m", "prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias", "invalid_value"),
     (CHAT, chat(stream="yes"), "stream", "invalid_type"),
     (CHAT, chat(stream=True, stream_options=[]), "stream_options", "invalid_type"),
     (CHAT, chat(stream=True, stream_options={"include_usage": "yes"}), "stream_options.include_usage",
@@ -396,3 +399,49 @@ def test_an_integer_parameter_says_integer_for_a_whole_float_value(path, field, 
     body = {"model": "m", "messages": HI, "prompt": "x", "input": "x", **({"logprobs": True} if path == CHAT else {}),
             field: value}
     assert validation.check(path, body)[2].startswith("integer_")
+
+
+@pytest.mark.parametrize("key", ["abc", "-1", "1.5", "", "+1", " 1", "1e3", "\uff11", "0x10"])
+def test_a_logit_bias_key_that_is_no_token_id_is_openais_invalid_key(key):
+    problem = validation.check(CHAT, chat(logit_bias={"7": 1, key: 1}))
+    assert problem is not None and problem[0] == "logit_bias" and problem[2] == "invalid_value", problem
+    assert problem[1].startswith("Invalid key in 'logit_bias': ")
+    assert "You should only be submitting non-negative integers" in problem[1]
+
+
+@pytest.mark.parametrize("key", ["0", "123", "007", "50256"])
+def test_a_logit_bias_key_of_decimal_digits_is_a_token_id(key):
+    assert validation.check(CHAT, chat(logit_bias={key: -100})) is None
+
+
+def test_a_logit_bias_key_is_checked_before_its_value():
+    problem = validation.check(CHAT, chat(logit_bias={"abc": 500}))
+    assert problem[0] == "logit_bias" and problem[1].startswith("Invalid key in 'logit_bias': abc.")
+
+
+LLAMA_CPP_PYTHON = engine_traits("llama_cpp_python", "python -m llama_cpp.server --model m.gguf")
+VLLM = engine_traits("vllm", "vllm serve m")
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3]], [7]])
+def test_a_token_id_prompt_is_refused_for_an_engine_that_takes_text_only(prompt):
+    body = {"model": "m", "prompt": prompt}
+    assert validation.check(COMPLETIONS, body) is None
+    problem = validation.engine_problem(COMPLETIONS, body, LLAMA_CPP_PYTHON, "tiny")
+    assert problem is not None and problem[0] == "prompt" and problem[2] == "unsupported_value", problem
+    assert "'tiny'" in problem[1] and "text prompts only" in problem[1]
+
+
+@pytest.mark.parametrize("prompt", ["once", ["once"], ["a", "b"]])
+def test_a_text_prompt_passes_an_engine_that_takes_text_only(prompt):
+    assert validation.engine_problem(COMPLETIONS, {"model": "m", "prompt": prompt}, LLAMA_CPP_PYTHON, "tiny") is None
+
+
+def test_a_token_id_prompt_passes_an_engine_that_reads_token_ids():
+    for prompt in ([1, 2, 3], [[1, 2], [3]]):
+        assert validation.engine_problem(COMPLETIONS, {"model": "m", "prompt": prompt}, VLLM, "big") is None
+
+
+def test_token_ids_in_a_chat_or_an_embeddings_body_are_not_a_prompt():
+    assert validation.engine_problem(EMBEDDINGS, {"model": "m", "input": [1, 2]}, LLAMA_CPP_PYTHON, "tiny") is None
+    assert validation.engine_problem(CHAT, chat(prompt=[1, 2]), LLAMA_CPP_PYTHON, "tiny") is None
