@@ -150,12 +150,25 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max
 
 
 def developer_as_system(messages) -> list | None:
-    """``messages`` with every ``developer`` message as a ``system`` one, or None when there
-    is none (nothing to change)."""
-    if not isinstance(messages, list) or not any(isinstance(m, dict) and m.get("role") == "developer"
-                                                 for m in messages):
+    """``messages`` as llama-cpp-python reads them, or None when nothing needs changing:
+    every ``developer`` message as a ``system`` one (it knows no such role), and an
+    assistant turn without ``content`` (a tool call, a refusal) given its refusal's text or
+    "" (it fails on the missing field with a bare KeyError)."""
+    if not isinstance(messages, list) or not any(_needs_rewrite(m) for m in messages):
         return None
-    return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages]
+    return [_rewritten(m) if _needs_rewrite(m) else m for m in messages]
+
+
+def _needs_rewrite(message) -> bool:
+    return isinstance(message, dict) and (message.get("role") == "developer" or (
+        message.get("role") == "assistant" and message.get("content") is None))
+
+
+def _rewritten(message: dict) -> dict:
+    if message.get("role") == "developer":
+        return {**message, "role": "system"}
+    refusal = message.get("refusal")
+    return {**message, "content": refusal if isinstance(refusal, str) else ""}
 
 
 def requested_tokens(body: dict, default_max_tokens: int | None) -> int:

@@ -155,6 +155,7 @@ class Engine:
                     stream_options=req.get("stream_options"), max_tokens=req.get("max_tokens"),
                     max_completion_tokens=req.get("max_completion_tokens"), n=req.get("n"),
                     roles=[m.get("role") for m in req.get("messages") or [] if isinstance(m, dict)],
+                    contents=[m.get("content") for m in req.get("messages") or [] if isinstance(m, dict)],
                     prompt=req.get("prompt"), echo=req.get("echo"))
         if self.args.fail_status:
             code = self.args.fail_status

@@ -383,6 +383,12 @@ def test_a_developer_message_goes_to_llama_cpp_python_as_system(oai, servers, mo
     oai.chat.completions.create(model="llama", max_tokens=2, messages=[{"role": "developer", "content": "be brief"},
                                                                        {"role": "user", "content": "hi"}])
     assert records(servers, "llama")[-1]["roles"] == ["system", "user"]
+    # An assistant turn without content (a tool call) gets "" (the engine fails on a missing one).
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert oai.chat.completions.create(model="llama", max_tokens=2, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]).choices
+    assert records(servers, "llama")[-1]["contents"] == ["hi", "", "42"]
     oai.chat.completions.create(model="honest", max_tokens=2, messages=[{"role": "developer", "content": "x"}])
     assert records(servers, "honest")[-1]["roles"] == ["developer"]  # an engine that knows it gets it
 
