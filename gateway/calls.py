@@ -85,6 +85,7 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
             raise
         except Refused as exc:
             live.end_request(endpoint.replica_id)
+            live.refused(endpoint.replica_id)  # nothing listens there now: not routed for a moment
             log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
             other = choose(live.current_view().routes.get(model.id, ()), exclude=tried)
             if other is None or len(tried) >= 2:

@@ -31,7 +31,7 @@ from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View,
 
 __all__ = [
     "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "current_view",
-    "end_request", "fresh_view", "holding", "in_flight", "start", "stop", "wait_for_change", "want_model",
+    "end_request", "fresh_view", "holding", "in_flight", "refused", "start", "stop", "wait_for_change", "want_model",
 ]
 
 
@@ -67,6 +67,16 @@ async def holding() -> AsyncIterator[None]:
 def begin_request(replica_id: int) -> None:
     """A request was sent to ``replica_id`` (counted in flight, and as a use now)."""
     usage.begin(replica_id)
+
+
+#: Seconds a replica whose port refused a connection stays out of this process's routes.
+REFUSED_QUARANTINE_S = 2.0
+
+
+def refused(replica_id: int) -> None:
+    """The engine of ``replica_id`` refused a connection: out of this process's routes for
+    :data:`REFUSED_QUARANTINE_S` (``Watcher.quarantine``)."""
+    watcher.quarantine(replica_id, REFUSED_QUARANTINE_S)
 
 
 def end_request(replica_id: int) -> None:

@@ -323,6 +323,10 @@ class Watcher:
         #: routing at once (:meth:`withdraw`) and kept out until a refresh agrees or the
         #: agent reports them ready again (:meth:`readmit`).
         self._withdrawn: dict[int, str] = {}  # replica id → the agent that withdrew it
+        #: Replicas whose engine refused a connection here, out of routing until the time
+        #: (``self.clock()``, monotonic) given (:meth:`quarantine`).
+        self._quarantined: dict[int, float] = {}
+        self.clock: Callable[[], float] = time.monotonic  # injected in tests
         #: Blocking callables run in each refresh (same worker thread, after the routing
         #: queries); their dicts are merged into ``View.extra``. Other apps (the gateway's
         #: key and catalog cache) register here, so ``fleet`` imports nothing of theirs.
@@ -380,6 +384,19 @@ class Watcher:
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
+
+    def quarantine(self, replica_id: int, seconds: float) -> None:
+        """Take ``replica_id`` out of this process's routing for ``seconds``: its port refused
+        a connection, so its engine is gone (or going) and the agent's report of it may take
+        a heartbeat to come. Meanwhile another process could take the port and be sent
+        requests (docs/architecture.md, "Decisions": readiness proves identity). After
+        ``seconds`` it is routed again if the rows still say ready (a refusal that passed)."""
+        self._quarantined[int(replica_id)] = self.clock() + seconds
+        if any(e.replica_id == replica_id for eps in self.view.routes.values() for e in eps):
+            self.view = _without(self.view, {int(replica_id)})
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = asyncio.Event()
 
     def readmit(self, replica_ids) -> None:
         """The agent reports ``replica_ids`` ready again: the next refresh routes them if
@@ -446,6 +463,11 @@ class Watcher:
             self._withdrawn = {rid: agent for rid, agent in self._withdrawn.items() if routed.get(rid) == agent}
             if self._withdrawn:
                 view = _without(view, set(self._withdrawn))
+        if self._quarantined:
+            now = self.clock()
+            self._quarantined = {rid: until for rid, until in self._quarantined.items() if until > now}
+            if self._quarantined:
+                view = _without(view, set(self._quarantined))
         self.view = view
         if generations.by_agent is not None or generations.key is None:
             self._generations = generations.by_agent or {}

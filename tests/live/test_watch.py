@@ -319,6 +319,33 @@ def test_a_replica_reported_not_ready_before_any_refresh_routed_it_stays_out_but
     assert [e.replica_id for e in w.view.routes[1]] == [8]
 
 
+def test_a_replica_whose_port_refused_leaves_this_processs_routes_for_a_moment(monkeypatch):
+    """A refused connection means nothing listens on the replica's port: out of routing at
+    once and across refreshes (the agent's report may be a heartbeat away, and another
+    process could take the port meanwhile), back once the moment has passed and the rows
+    still say ready."""
+    import asyncio
+
+    from fleet.live import watch
+    from fleet.live.watch import AgentGenerations, Endpoint, View, Watcher
+
+    rows = View(routes={1: (Endpoint(7, 1, "http://127.0.0.1:20007", "gpu-a"),
+                            Endpoint(8, 1, "http://127.0.0.1:20008", "gpu-a"))})
+    monkeypatch.setattr(watch, "_load_view", lambda *a: (rows, AgentGenerations()))
+    clock = [1000.0]
+    w = Watcher()
+    w.clock = lambda: clock[0]
+    asyncio.run(w._refresh())
+    w.quarantine(7, 2.0)
+    assert [e.replica_id for e in w.view.routes[1]] == [8]
+    clock[0] += 1.5
+    asyncio.run(w._refresh())
+    assert [e.replica_id for e in w.view.routes[1]] == [8]
+    clock[0] += 1.0
+    asyncio.run(w._refresh())
+    assert [e.replica_id for e in w.view.routes[1]] == [7, 8] and not w._quarantined
+
+
 @pytest.mark.django_db
 def test_just_after_no_one_could_listen_only_agents_connected_here_keep_old_stamps_routable(make_model, settings):
     """After every web process was away (the listening window just began), an agent whose
