@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator
 
 from catalog.models import Model
-from gateway import cache  # noqa: F401  (registers its loader before the first refresh, as the web app does)
+from gateway import cache  # registers its loader before the first refresh, as the web app does
 from gateway.models import ApiKey
 from tests.upstream import RecordingUpstream
 
@@ -40,6 +40,7 @@ async def test_an_external_model_is_served_from_memory_and_follows_an_edit(watch
             return model
         model = await sync_to_async(external)()
         await watcher_cleanup.refresh_now()
+        assert cache.model("ext-alias").external_api_key == "sk-first"  # in memory, by its alias too
 
         async def no_database(cls, name):
             raise AssertionError(f"a database lookup for {name!r} on the hot path")
