@@ -10,7 +10,8 @@ encoded ``?`` ``#`` or ``/`` (``%3F``, ``%23``, ``%2F``), ``//``, a trailing ``/
 junk, ``;params`` and engine-private endpoints (llama.cpp's ``/slots``, ``/props``,
 vLLM's ``/v1/load_lora_adapter``, tokenizer endpoints) match nothing: the view answers 404
 ``unknown_url`` with no upstream call. The URL sent upstream is built from the matched
-name, never from the client's string; the query string is never forwarded.
+name, never from the client's string; the query string follows as the client sent it
+(``gateway.upstream.upstream_url``).
 
 To serve another endpoint (``responses``, ``rerank``…), add it to ``OPENAI_ENDPOINTS`` and
 give ``gateway.validation.check`` its checks: only listed endpoints are ever proxied.

@@ -1,25 +1,24 @@
 """The ``/v1/`` proxy: authenticate, parse, resolve the model, find (or wait for) a ready
-replica, relay, record.
+replica, and decide how the answer is made (docs/architecture.md, "Gateway rules").
 
 Order of answers: 413 / 408 (body too large or too slow: ``llmgw.limits``, before Django),
 404 ``unknown_url`` (not exactly one of ``gateway.endpoints``: the view), 401 (key), 400
-(JSON, ``model``), 503 ``system_stopped``, 404 ``model_not_found``, 403 (key not allowed
-for the model), 404 ``unknown_url`` (the model does not serve that endpoint), 400 (the
-body's shape, ``gateway.validation``), then the upstream's own status (429 stays 429), 502
-for a replica that cannot be reached, 503 for a model with no replica (with the planner's
-reason) or still loading. Only the client's ``Accept`` goes upstream (and, to an external
-model that allows it, ``OpenAI-Organization`` / ``OpenAI-Project``); upstream response
-headers that would act on the client under our origin are dropped (:func:`relayed_header`).
+(JSON, invalid Unicode, ``model``: ``gateway.bodies``), 503 ``system_stopped``, 404
+``model_not_found``, 403 (key not allowed for the model), 404 ``unknown_url`` (the model
+does not serve that endpoint, naming those it does), 400 (OpenAI's rules and the model's
+limits, and what its engine would ignore: ``gateway.validation``), then the upstream's
+answer, mapped (``gateway.relay``), 502 for a replica that cannot be reached, 503 for a
+model with no replica (with the planner's reason) or still loading.
 
-Streaming answers are relayed event by event without re-encoding (``gateway.sse``); a
-client that disconnects cancels the upstream request, so the engine frees its slot. A
-connection refused before any byte was sent is retried once on another ready replica.
+An external model, or an engine that answers as OpenAI does, gets the request as the client
+wrote it and its answer is relayed (``gateway.calls.forward``); for an engine that does not
+(llama-cpp-python: ``n``, usage, cancel, prompt lists…), the prompt is counted first and the
+answer composed from its streams (``gateway.calls.compose``).
 
-No database on the hot path: keys and model names come from ``gateway.cache`` (loaded with
-the routing table). Anything the cache cannot answer for sure — an unknown key or name, a
-model with no ready replica, a key not allowed the model, an external model (its URL and
-key apply at once) — is looked up in the database before answering. Upstream requests go
-through one aiohttp session per event loop.
+No database on the hot path: keys and models, external ones included, come from
+``gateway.cache`` (loaded with the routing table). What the cache cannot answer for sure —
+an unknown key or name, a model with no ready replica, a key not allowed the model — is
+looked up in the database before answering.
 """
 
 from __future__ import annotations
