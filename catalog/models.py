@@ -523,6 +523,20 @@ class ClusterSettings(models.Model):
         default=300, validators=[MinValueValidator(1)],
         help_text="How long a request waits for a replica to become ready.",
     )
+    class RateLimitsWithoutRedis(models.TextChoices):
+        """What the gateway does with a request when Redis, which keeps the limits' counters
+        in production mode, cannot be reached (docs/architecture.md, "Tenants")."""
+
+        OPEN = "open", "admit (limits are not counted while Redis is away)"
+        CLOSED = "closed", "refuse limited keys with 503 until Redis is back"
+
+    rate_limits_without_redis = models.CharField(
+        max_length=8, choices=RateLimitsWithoutRedis.choices, default=RateLimitsWithoutRedis.OPEN,
+        help_text="When Redis is away (production mode): admit requests of limited keys uncounted, or refuse "
+        "them. Logged once per outage.")
+    admission_wait_s = models.PositiveIntegerField(
+        default=30, validators=[MinValueValidator(1), MaxValueValidator(3600)],
+        help_text="How long a request may wait in the admission queue of a full model before a 429.")
     history_retention_days = models.PositiveIntegerField(
         default=30, validators=[MaxValueValidator(36500)],
         help_text="Usage records, scaling events and stopped or failed replicas older than "

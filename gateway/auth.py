@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -16,7 +17,8 @@ from django.utils import timezone
 from llmgw import tokens
 from gateway import cache
 from gateway.errors import openai_error
-from gateway.models import ApiKey
+from gateway.models import LIMIT_FIELDS, ApiKey
+from gateway.quotas import UNLIMITED, Tenancy
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class Caller:
     key_id: int | None
     name: str
     allowed_model_ids: frozenset[int] | None
+    team_id: int | None = None
+    #: Its limits, fair-share tenant and priority (``gateway.quotas``).
+    tenancy: Tenancy = UNLIMITED
 
     def may_use(self, model_id: int) -> bool:
         return self.allowed_model_ids is None or model_id in self.allowed_model_ids
@@ -54,13 +59,13 @@ async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
         if cache.expired(entry):
             return _unauthorized(
                 f"The API key {entry.prefix}… expired at {entry.expires_at:%Y-%m-%d %H:%M} UTC.")
-        return Caller(entry.id, entry.name, entry.allowed_model_ids)
+        return Caller(entry.id, entry.name, entry.allowed_model_ids, entry.team_id, entry.tenancy)
     return await _authenticate_from_database(token, prefix)
 
 
 async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpResponse:
     rows = [key async for key in ApiKey.objects.filter(prefix=prefix).only(
-        "id", "name", "prefix", "sha256", "expires_at", "revoked_at")]
+        "id", "name", "prefix", "sha256", "expires_at", "revoked_at", "team_id", "priority", *LIMIT_FIELDS)]
     key = tokens.find_by_token(rows, token)
     if key is None:
         return _unauthorized("Incorrect API key provided.")
@@ -70,7 +75,15 @@ async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpR
         return _unauthorized(f"The API key {key.prefix}… expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
     allowed = [m async for m in ApiKey.allowed_models.through.objects.filter(apikey_id=key.id).values_list(
         "model_id", flat=True)]
-    return Caller(key.id, key.name, frozenset(allowed) if allowed else None)
+    return Caller(key.id, key.name, frozenset(allowed) if allowed else None, key.team_id,
+                  await sync_to_async(_tenancy_from_database)(key))
+
+
+def _tenancy_from_database(key: ApiKey) -> Tenancy:
+    """The tenancy of a key the cache does not know yet (blocking; three queries)."""
+    teams, team_budgets, key_budgets = cache.load_teams()
+    return cache.tenancy(key.id, key.name, f"{key.id}.{key.prefix}", tuple(getattr(key, f) for f in LIMIT_FIELDS), key.priority,
+                         teams.get(key.team_id), key_budgets.get(key.id), team_budgets.get(key.team_id))
 
 
 def forbidden(model_name: str) -> HttpResponse:

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from catalog.engines import OPENAI_LIKE, EngineTraits, engine_traits
-from catalog.models import OPENAI_ENDPOINTS, Model, Profile, effective_context_length
+from catalog.models import OPENAI_ENDPOINTS, ClusterSettings, Model, Profile, effective_context_length
 from fleet import live
-from gateway.models import ApiKey
+from gateway.models import LIMIT_FIELDS, ApiKey, ModelBudget, Priority, Team
+from gateway.quotas import UNLIMITED, Subject, Tenancy
 
 _KEYS = "gateway.keys"
 _MODELS = "gateway.models"
+_ADMISSION = "gateway.admission"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class CachedKey:
     expires_at: Any  # datetime | None
     expires_ts: float | None
     allowed_model_ids: frozenset[int] | None
+    team_id: int | None = None
+    #: The limits, fair-share tenant, weight and priority its requests are admitted with.
+    tenancy: Tenancy = UNLIMITED
 
 
 @dataclass(frozen=True)
@@ -98,19 +103,67 @@ def load_models() -> list[tuple[CachedModel, str]]:
     return out
 
 
+def _budgets(rows) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Model budgets by team id and by key id: owner → {model id: (per day, per month)}."""
+    by_team: dict[int, dict] = {}
+    by_key: dict[int, dict] = {}
+    for team_id, key_id, model_id, per_day, per_month in rows:
+        if per_day is None and per_month is None:
+            continue
+        owner = by_team.setdefault(team_id, {}) if team_id is not None else by_key.setdefault(key_id, {})
+        owner[model_id] = (per_day, per_month)
+    return by_team, by_key
+
+
+def tenancy(key_id: int, key_name: str, key_uid: str, key_limits: tuple, key_priority: int | None,
+            team: tuple | None, key_budgets: dict | None = None, team_budgets: dict | None = None) -> Tenancy:
+    """A key's :class:`~gateway.quotas.Tenancy`: its limits and its team's (those that limit
+    something), the team as its fair-share tenant (else the key itself), the team's weight,
+    the key's priority (else the team's, else normal). ``key_limits``: the
+    ``LIMIT_FIELDS`` values; ``key_uid``: its prefix; ``team``: ``(id, name, limits, priority,
+    weight, uid)`` or None."""
+    subjects = []
+    key = Subject("key", key_id, key_name, key_uid, *key_limits, model_budgets=key_budgets or {})
+    if key.limits_anything():
+        subjects.append(key)
+    if team is None:
+        return Tenancy(tuple(subjects), f"key:{key_id}", 1.0,
+                       key_priority if key_priority is not None else Priority.NORMAL)
+    team_id, team_name, team_limits, team_priority, weight, team_uid = team
+    team_subject = Subject("team", team_id, team_name, team_uid, *team_limits, model_budgets=team_budgets or {})
+    if team_subject.limits_anything():
+        subjects.append(team_subject)
+    return Tenancy(tuple(subjects), f"team:{team_id}", float(weight),
+                   key_priority if key_priority is not None else team_priority)
+
+
+def load_teams() -> tuple[dict[int, tuple], dict[int, dict], dict[int, dict]]:
+    """Teams as ``tenancy`` takes them, and the model budgets by team and by key (two queries)."""
+    teams = {row[0]: (row[0], row[1], tuple(row[2:7]), row[7], row[8], f"{row[0]}-{row[9].timestamp():.6f}")
+             for row in Team.objects.values_list("id", "name", *LIMIT_FIELDS, "priority", "weight", "created_at")}
+    by_team, by_key = _budgets(ModelBudget.objects.values_list(
+        "team_id", "key_id", "model_id", "tokens_per_day", "tokens_per_month"))
+    return teams, by_team, by_key
+
+
 def load() -> dict[str, Any]:
-    """Every key and every model name/alias (blocking; four queries)."""
+    """Every key (with its team's limits) and every model name/alias (blocking; six queries)."""
     allowed: dict[int, set[int]] = {}
     for key_id, model_id in ApiKey.allowed_models.through.objects.values_list("apikey_id", "model_id"):
         allowed.setdefault(key_id, set()).add(model_id)
+    teams, team_budgets, key_budgets = load_teams()
     keys: dict[str, list[CachedKey]] = {}
-    for key_id, name, prefix, sha256, revoked_at, expires_at in ApiKey.objects.values_list(
-        "id", "name", "prefix", "sha256", "revoked_at", "expires_at"
-    ):
+    for row in ApiKey.objects.values_list("id", "name", "prefix", "sha256", "revoked_at", "expires_at", "team_id",
+                                          "priority", *LIMIT_FIELDS):
+        key_id, name, prefix, sha256, revoked_at, expires_at, team_id, priority = row[:8]
         ids = allowed.get(key_id)
+        team = teams.get(team_id)
         keys.setdefault(prefix, []).append(CachedKey(
             key_id, name, prefix, sha256, revoked_at is not None, expires_at,
-            None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None))
+            None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None,
+            team_id if team else None,
+            tenancy(key_id, name, f"{key_id}.{prefix}", tuple(row[8:]), priority, team, key_budgets.get(key_id),
+                    team_budgets.get(team_id))))
     by_alias: dict[str, CachedModel] = {}
     by_name: dict[str, CachedModel] = {}
     for entry, aliases in load_models():
@@ -118,7 +171,26 @@ def load() -> dict[str, Any]:
         for alias in (a.strip() for a in aliases.split(",")):
             if alias:
                 by_alias.setdefault(alias, entry)
-    return {_KEYS: keys, _MODELS: {**by_alias, **by_name}}  # a name wins over an alias
+    admission = ClusterSettings.objects.filter(pk=1).values_list("rate_limits_without_redis",
+                                                                  "admission_wait_s").first()
+    return {_KEYS: keys, _MODELS: {**by_alias, **by_name},  # a name wins over an alias
+            _ADMISSION: AdmissionSettings(*admission) if admission else AdmissionSettings()}
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """The cluster settings admission reads (``catalog.models.ClusterSettings``)."""
+
+    rate_limits_without_redis: str = "open"
+    admission_wait_s: float = 30.0
+
+
+def admission_settings() -> AdmissionSettings:
+    """The cluster's admission settings as of the last refresh (defaults before the first)."""
+    return live.current_view().extra.get(_ADMISSION) or _DEFAULT_ADMISSION
+
+
+_DEFAULT_ADMISSION = AdmissionSettings()
 
 
 def keys_with_prefix(prefix: str) -> list[CachedKey] | None:

@@ -21,9 +21,12 @@ _TYPES = {
 
 
 def openai_error(status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> HttpResponse:
-    """An error response in OpenAI's shape with the given HTTP status."""
-    body = {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}}
+                 headers: dict[str, str] | None = None, error_type: str | None = None) -> HttpResponse:
+    """An error response in OpenAI's shape with the given HTTP status; ``error_type``
+    overrides the ``type`` the status implies (OpenAI's 429s say ``requests``, ``tokens``
+    or ``insufficient_quota``)."""
+    body = {"error": {"message": message, "type": error_type or _TYPES.get(status, "api_error"), "param": param,
+                      "code": code}}
     response = HttpResponse(json.dumps(body), status=status, content_type="application/json")
     for name, value in (headers or {}).items():
         response[name] = value

@@ -8,7 +8,7 @@ import time
 from django.http import HttpResponse
 from django.utils import timezone
 
-from gateway import metrics
+from gateway import metrics, tenants
 from gateway.auth import Caller
 from gateway.usage import usage_records
 from llmgw import integers
@@ -32,6 +32,12 @@ class Exchange:
         self.completion_tokens: int | None = None
         self.content_chunks = 0
         self.recorded = False
+        #: The request's place in its tenants' counters (``gateway.tenants``), settled at the end.
+        self.admitted = None
+        #: OpenAI's ``x-ratelimit-*`` headers for the answer (empty: the caller has no limits).
+        self.rate_headers: dict[str, str] = {}
+        #: Called once at the end (after the counters settle): the admission queue's slot.
+        self.on_finish: list = []
 
     def note_usage(self, data: dict | None) -> None:
         """Take token counts from an answer's ``usage``; values that are not counts (an
@@ -48,6 +54,11 @@ class Exchange:
             return
         self.recorded = True
         total = time.monotonic() - self.started
+        if self.admitted is not None:
+            answered = self.upstream_status is not None and self.upstream_status < 400
+            tenants.settle(self.admitted, self.prompt_tokens, self.completion_tokens, answered)
+        for done in self.on_finish:
+            done()
         metrics.REQUESTS.labels(self.model_label, str(status)).inc()
         if self.model_label != "unknown":
             metrics.LATENCY.labels(self.model_label).observe(total)
@@ -56,7 +67,8 @@ class Exchange:
         if self.overhead_s is not None:
             metrics.OVERHEAD.observe(self.overhead_s)
         usage_records.add(
-            at=timezone.now(), key_id=self.caller.key_id if self.caller else None, model_name=self.model_name[:128],
+            at=timezone.now(), key_id=self.caller.key_id if self.caller else None,
+            team_id=self.caller.team_id if self.caller else None, model_name=self.model_name[:128],
             replica_id=self.replica_id, path=self.path[:128], status=status, upstream_status=self.upstream_status,
             stream=self.stream,
             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,

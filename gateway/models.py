@@ -1,9 +1,10 @@
-"""API keys for /v1/ and the per-request usage records."""
+"""API keys and teams for /v1/, their limits, and the per-request usage records."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -12,7 +13,66 @@ from llmgw import tokens
 from llmgw.permissions import Act
 
 
-class ApiKey(models.Model):
+class Priority(models.IntegerChoices):
+    """A request's priority class in the admission queue (docs/architecture.md, "Tenants"):
+    a higher class is always admitted first. A key or team has one; a request may ask for a
+    lower one with ``X-Llmgw-Priority``, never a higher."""
+
+    LOW = 0, "low"
+    NORMAL = 1, "normal"
+    HIGH = 2, "high"
+
+
+def _limit(help_text: str) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                       help_text=help_text + " Empty: no limit.")
+
+
+class Limits(models.Model):
+    """The limits a team and a key may each carry (the stricter of a key's and its team's
+    applies; docs/architecture.md, "Tenants"). Tokens are prompt + completion. Minutes are
+    fixed 60 s windows; days and months are UTC calendar days and months."""
+
+    requests_per_minute = _limit("Requests admitted per minute.")
+    tokens_per_minute = _limit("Prompt + completion tokens per minute (reserved from the request's max_tokens at "
+                               "admission, settled with the real count at the end).")
+    max_concurrent_requests = _limit("Requests at once (held, queued or running).")
+    tokens_per_day = _limit("Token budget per UTC day, every model together.")
+    tokens_per_month = _limit("Token budget per UTC month, every model together.")
+
+    class Meta:
+        abstract = True
+
+    def limit_fields(self) -> dict[str, int | None]:
+        """The limits by field name (None: no limit)."""
+        return {name: getattr(self, name) for name in LIMIT_FIELDS}
+
+
+#: The fields of :class:`Limits`, in the order people read them.
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "tokens_per_day",
+                "tokens_per_month")
+
+
+class Team(Limits):
+    """A group of keys sharing limits, a priority class and a weight in the admission
+    queue's fair share (a team of weight 2 gets twice the tokens of a team of weight 1 when
+    both wait)."""
+
+    name = models.CharField(max_length=128, unique=True)
+    priority = models.IntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000.0)],
+                               help_text="Share of the tokens when the model is full and teams wait (relative).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKey(Limits):
     """A client's key: stored as SHA-256 with a visible prefix (the clear key is shown once,
     at creation), optionally limited to some models, with expiry and revocation that apply
     within a fraction of a second (the gateway caches keys for one watcher refresh)."""
@@ -25,6 +85,11 @@ class ApiKey(models.Model):
         REVOKED = "revoked", "revoked"
 
     name = models.CharField(max_length=128)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="keys",
+                             help_text="The team whose limits apply too (the stricter wins).")
+    priority = models.IntegerField(choices=Priority.choices, null=True, blank=True,
+                                   help_text="Priority class in the admission queue. Empty: the team's (normal "
+                                             "without a team).")
     prefix = models.CharField(max_length=64, db_index=True, editable=False)
     sha256 = models.CharField(max_length=64, editable=False)
     allowed_models = models.ManyToManyField(Model, blank=True, related_name="api_keys",
@@ -44,9 +109,14 @@ class ApiKey(models.Model):
 
     @classmethod
     def create_key(cls, name: str, model_names: list[str] | None = None,
-                   expires_at: datetime | None = None) -> tuple["ApiKey", str]:
+                   expires_at: datetime | None = None, team: "Team | None" = None,
+                   priority: int | None = None, **limits: int | None) -> tuple["ApiKey", str]:
         """Create a key; returns it and the clear key (shown once, never stored).
-        Raises Model.DoesNotExist naming a model that is not in the catalog."""
+        ``limits``: any of :data:`LIMIT_FIELDS`. Raises Model.DoesNotExist naming a model
+        that is not in the catalog, TypeError for a limit that does not exist."""
+        unknown = set(limits) - set(LIMIT_FIELDS)
+        if unknown:
+            raise TypeError(f"no such limit: {', '.join(sorted(unknown))}")
         clear = tokens.new_token("key")
         models_ = []
         for model_name in model_names or []:
@@ -57,7 +127,7 @@ class ApiKey(models.Model):
         # One transaction: a gateway must never see the key without its model limits.
         with transaction.atomic():
             key = cls(name=name, prefix=tokens.token_prefix(clear), sha256=tokens.token_hash(clear),
-                      expires_at=expires_at)
+                      expires_at=expires_at, team=team, priority=priority, **limits)
             key.save()
             key.allowed_models.add(*models_)
         return key, clear
@@ -90,6 +160,28 @@ class ApiKey(models.Model):
         return ApiKey.State.ACTIVE
 
 
+class ModelBudget(models.Model):
+    """A token budget of a team or a key for one model (beside the budgets for every model
+    on :class:`Team` and :class:`ApiKey`)."""
+
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="model_budgets")
+    key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="model_budgets")
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="budgets")
+    tokens_per_day = _limit("Token budget per UTC day for this model.")
+    tokens_per_month = _limit("Token budget per UTC month for this model.")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(team__isnull=False, key__isnull=True)
+                                   | models.Q(team__isnull=True, key__isnull=False), name="budget_one_owner"),
+            models.UniqueConstraint(fields=["team", "model"], name="budget_one_per_team_model"),
+            models.UniqueConstraint(fields=["key", "model"], name="budget_one_per_key_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"budget of {self.team or self.key} for {self.model}"
+
+
 class UsageRecord(models.Model):
     """One /v1/ request: who, which model (its catalog name, whatever alias the client used)
     and replica, the answer's status (and the upstream's, where it differs in meaning),
@@ -97,6 +189,9 @@ class UsageRecord(models.Model):
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
+    #: The key's team when the request was made (a plain id: the record outlives the team),
+    #: so a team's budget is seeded from what its keys spent while they were in it.
+    team_id = models.PositiveIntegerField(null=True, blank=True, db_index=True)
     model_name = models.CharField(max_length=128, db_index=True)
     replica_id = models.PositiveIntegerField(null=True, blank=True)
     path = models.CharField(max_length=128)

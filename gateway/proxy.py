@@ -36,7 +36,7 @@ from django.utils import timezone
 from catalog.models import NAME_RE, Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
-from gateway import assembly, cache, calls, endpoints, held, metrics, validation
+from gateway import assembly, cache, calls, endpoints, held, metrics, tenants, validation
 from gateway.auth import authenticate, forbidden
 from gateway.bodies import (asks_usage, body_limit_error, context_problem, parse_body, requested_tokens,
                             token_bound, upstream_body)
@@ -54,8 +54,21 @@ _STREAMABLE = ("chat/completions", "completions")
 
 async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     """Serve one POST to the endpoint ``path`` (one of ``gateway.endpoints``, matched
-    exactly by the view; the upstream URL is built from it)."""
+    exactly by the view; the upstream URL is built from it). Every answer after the
+    tenants' limits were checked carries OpenAI's ``x-ratelimit-*`` headers."""
     ex = Exchange(path)
+    try:
+        response = await _serve(request, path, ex)
+    except BaseException:
+        if ex.admitted is not None and not ex.recorded:
+            ex.finish(499)  # settle: the counters must not keep a request that is gone
+        raise
+    for name, value in ex.rate_headers.items():
+        response[name] = value
+    return response
+
+
+async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
     too_big = body_limit_error(request)
     if too_big is not None:
         return ex.answer(too_big)
@@ -109,6 +122,10 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     if served_here and ex.stream and body.get("echo") is True and not traits.echoes_in_streams:
         return ex.answer(openai_error(400, f"The engine serving '{model.name}' cannot echo the prompt in a stream: "
                                            "use echo with stream false.", code="unsupported_value", param="echo"))
+    ex.admitted, ex.rate_headers, refused = await tenants.admit(ex.caller.tenancy, model, path, body,
+                                                                len(request.body))
+    if refused is not None:
+        return ex.answer(refused)
     content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens,
                                          traits if served_here else None)
     headers = request_headers(request, model)

@@ -1,0 +1,340 @@
+"""Where the tenants' limit counters live: in this process (embedded mode) or in Redis
+(production mode, shared by every web process), each applying ``gateway.quotas.decide``
+atomically — check every counter, then count the request in all of them or none
+(docs/architecture.md, "Tenants").
+
+Both backends have the same four calls:
+
+* ``admit(checks, member)`` → a :class:`~gateway.quotas.Verdict`, or the indexes of budget
+  counters that do not exist yet (:class:`NeedSeed`): the caller seeds them from usage records
+  (:meth:`seed`) and asks again;
+* ``seed(key, value, ttl_s)`` — make a budget counter, unless one exists;
+* ``settle(items, releases)`` — add each ``(key, delta)`` to counters that still exist (the
+  end of a request: real tokens minus reserved), and release concurrency slots;
+* ``peek(keys)`` — counters' values (None: none), for people.
+
+A concurrency slot is a member in a Redis sorted set, scored with the time its lease ends:
+a web process renews its members' leases while their requests run, so a process that dies
+leaves slots that free themselves within :data:`LEASE_S`.
+
+A Redis that cannot be reached raises :class:`CountersAway` (at once, without trying again,
+for :data:`RETRY_AWAY_S` after a failure: a request never waits on a dead Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.quotas import CONCURRENCY, Check, Verdict, decide
+
+log = logging.getLogger(__name__)
+
+#: How long a concurrency slot in Redis lives without renewal (seconds).
+LEASE_S = 60.0
+#: After Redis failed, calls answer :class:`CountersAway` for this long before trying again.
+RETRY_AWAY_S = 1.0
+#: Redis socket timeouts (seconds): an admission never waits longer on Redis.
+REDIS_TIMEOUT_S = 0.5
+
+
+class CountersAway(Exception):
+    """The counters' store (Redis) cannot be reached."""
+
+
+@dataclass(frozen=True)
+class NeedSeed:
+    """Budget counters (indexes into the checks) that must be seeded before deciding."""
+
+    missing: tuple[int, ...]
+
+
+_members = itertools.count(1)
+
+
+def new_member() -> str:
+    """A name for one request's concurrency slots, unique across processes and hosts."""
+    return f"{os.getpid()}.{id(_members) & 0xffff:x}.{next(_members)}"
+
+
+class LocalCounters:
+    """This process's counters (embedded mode: one web process). ``clock``: epoch seconds,
+    injected in tests."""
+
+    def __init__(self, clock=time.time) -> None:
+        self.clock = clock
+        self._values: dict[str, list] = {}  # key → [value, expires_at_s]
+        self._slots: dict[str, set[str]] = {}  # concurrency key → members
+        self._admits = 0
+
+    def _value(self, key: str, now: float) -> int | None:
+        entry = self._values.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= now:
+            del self._values[key]
+            return None
+        return entry[0]
+
+    async def admit(self, checks: Sequence[Check], member: str) -> Verdict | NeedSeed:
+        return self.admit_now(checks, member)
+
+    def admit_now(self, checks: Sequence[Check], member: str) -> Verdict | NeedSeed:
+        """:meth:`admit` without a coroutine (it never waits)."""
+        now = self.clock()
+        self._admits += 1
+        if self._admits % 4096 == 0:
+            self._sweep(now)
+        values, missing = [], []
+        for i, c in enumerate(checks):
+            if c.kind == CONCURRENCY:
+                values.append(len(self._slots.get(c.key, ())))
+                continue
+            v = self._value(c.key, now)
+            if v is None and c.is_budget:
+                missing.append(i)
+            values.append(v or 0)
+        if missing:
+            return NeedSeed(tuple(missing))
+        verdict = decide(list(checks), values)
+        if verdict.admitted:
+            for c in checks:
+                if c.kind == CONCURRENCY:
+                    self._slots.setdefault(c.key, set()).add(member)
+                else:
+                    entry = self._values.get(c.key)
+                    if entry is None:
+                        self._values[c.key] = [c.amount, now + c.ttl_s]
+                    else:
+                        entry[0] += c.amount
+        return verdict
+
+    async def seed(self, key: str, value: int, ttl_s: int) -> None:
+        now = self.clock()
+        if self._value(key, now) is None:
+            self._values[key] = [max(0, int(value)), now + ttl_s]
+
+    async def settle(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
+        self.settle_now(items, releases)
+
+    def settle_now(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
+        """:meth:`settle` without a coroutine."""
+        now = self.clock()
+        for key, delta in items:
+            if delta and self._value(key, now) is not None:
+                entry = self._values[key]
+                entry[0] = max(0, entry[0] + delta)
+        for key, member in releases:
+            slots = self._slots.get(key)
+            if slots is not None:
+                slots.discard(member)
+                if not slots:
+                    del self._slots[key]
+
+    async def peek(self, keys: Sequence[str]) -> list[int | None]:
+        now = self.clock()
+        out = []
+        for key in keys:
+            if key.startswith("c:"):
+                out.append(len(self._slots.get(key, ())))
+            else:
+                out.append(self._value(key, now))
+        return out
+
+    def _sweep(self, now: float) -> None:
+        for key in [k for k, (_, exp) in self._values.items() if exp <= now]:
+            del self._values[key]
+
+
+# Redis: one script checks and counts (atomic: no over-admission between web processes).
+# KEYS: the counters. ARGV: now (s), lease (s), member, then per counter: kind (c: a
+# concurrency set, b: a budget, n: a plain counter), limit, amount, ttl (s).
+# Returns {1, values…} admitted, {0, values…, 0, refused indexes…} refused, {-1, missing…}.
+_ADMIT = """
+local now = tonumber(ARGV[1])
+local lease = tonumber(ARGV[2])
+local member = ARGV[3]
+local n = #KEYS
+local values, missing, kinds, limits, amounts, ttls = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local b = 4 + (i - 1) * 4
+  kinds[i], limits[i], amounts[i], ttls[i] = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  if kinds[i] == 'c' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    values[i] = redis.call('ZCARD', KEYS[i])
+  else
+    local raw = redis.call('GET', KEYS[i])
+    if raw then
+      values[i] = tonumber(raw)
+    else
+      values[i] = 0
+      if kinds[i] == 'b' then missing[#missing + 1] = i - 1 end
+    end
+  end
+end
+if #missing > 0 then
+  local out = {-1}
+  for _, i in ipairs(missing) do out[#out + 1] = i end
+  return out
+end
+local refused = {}
+for i = 1, n do
+  if values[i] + amounts[i] > limits[i] then refused[#refused + 1] = i - 1 end
+end
+local out = {1}
+if #refused > 0 then out[1] = 0 end
+for i = 1, n do out[#out + 1] = values[i] end
+if #refused > 0 then
+  out[#out + 1] = 0
+  for _, i in ipairs(refused) do out[#out + 1] = i end
+  return out
+end
+for i = 1, n do
+  if kinds[i] == 'c' then
+    redis.call('ZADD', KEYS[i], now + lease, member)
+    redis.call('EXPIRE', KEYS[i], math.ceil(lease * 2))
+  else
+    local v = redis.call('INCRBY', KEYS[i], amounts[i])
+    if v == amounts[i] then redis.call('EXPIRE', KEYS[i], ttls[i]) end
+  end
+end
+return out
+"""
+
+# KEYS: counters to adjust, then concurrency sets. ARGV: how many adjustments, their deltas,
+# then the members to release (one per set).
+_SETTLE = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local delta = tonumber(ARGV[1 + i])
+  if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    local v = redis.call('INCRBY', KEYS[i], delta)
+    if v < 0 then redis.call('SET', KEYS[i], 0, 'KEEPTTL') end
+  end
+end
+for i = n + 1, #KEYS do
+  redis.call('ZREM', KEYS[i], ARGV[1 + i])
+end
+return 1
+"""
+
+_KIND = {CONCURRENCY: "c"}
+
+
+class RedisCounters:
+    """The counters in Redis at ``url``, names under ``prefix``. One client per event loop
+    (clients are bound to their loop)."""
+
+    def __init__(self, url: str, prefix: str, clock=time.time) -> None:
+        self.url = url
+        self.prefix = f"{prefix}:rl:"
+        self.clock = clock
+        self._clients: dict[int, tuple] = {}
+        self._away_until = 0.0
+        #: member → concurrency set names, for lease renewal while requests run.
+        self._held: dict[str, list[str]] = {}
+        self._renewer: asyncio.Task | None = None
+
+    def _client(self):
+        import redis.asyncio as redis_async
+
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            client = redis_async.Redis.from_url(self.url, socket_timeout=REDIS_TIMEOUT_S,
+                                                socket_connect_timeout=REDIS_TIMEOUT_S)
+            entry = (loop, client, client.register_script(_ADMIT), client.register_script(_SETTLE))
+            self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
+            self._clients[id(loop)] = entry
+        return entry
+
+    async def _call(self, which: int, keys: list[str], args: list):
+        if time.monotonic() < self._away_until:
+            raise CountersAway("Redis was unreachable a moment ago")
+        import redis.exceptions
+
+        script = self._client()[which]
+        try:
+            return await script(keys=keys, args=args)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                asyncio.TimeoutError) as exc:
+            self._away_until = time.monotonic() + RETRY_AWAY_S
+            raise CountersAway(str(exc) or type(exc).__name__) from exc
+
+    async def admit(self, checks: Sequence[Check], member: str) -> Verdict | NeedSeed:
+        keys, args = [], [repr(self.clock()), repr(LEASE_S), member]
+        for c in checks:
+            keys.append(self.prefix + c.key)
+            args += [_KIND.get(c.kind, "b" if c.is_budget else "n"), c.limit, c.amount, c.ttl_s]
+        out = [int(x) for x in await self._call(2, keys, args)]
+        if out[0] == -1:
+            return NeedSeed(tuple(out[1:]))
+        n = len(checks)
+        values = tuple(out[1:1 + n])
+        if out[0] == 1:
+            concurrency = [self.prefix + c.key for c in checks if c.kind == CONCURRENCY]
+            if concurrency:
+                self._held[member] = concurrency
+                self._ensure_renewer()
+            return Verdict(True, values)
+        return Verdict(False, values, tuple(out[2 + n:]))
+
+    async def seed(self, key: str, value: int, ttl_s: int) -> None:
+        client = self._client()[1]
+        try:
+            await client.set(self.prefix + key, max(0, int(value)), ex=ttl_s, nx=True)
+        except Exception as exc:  # noqa: BLE001 (any Redis failure is an outage here)
+            self._away_until = time.monotonic() + RETRY_AWAY_S
+            raise CountersAway(str(exc) or type(exc).__name__) from exc
+
+    async def settle(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
+        items = [(k, d) for k, d in items if d]
+        for _, member in releases:
+            self._held.pop(member, None)
+        if not items and not releases:
+            return
+        keys = [self.prefix + k for k, _ in items] + [self.prefix + k for k, _ in releases]
+        args = [len(items)] + [d for _, d in items] + [m for _, m in releases]
+        await self._call(3, keys, args)
+
+    async def peek(self, keys: Sequence[str]) -> list[int | None]:
+        client = self._client()[1]
+        out: list[int | None] = []
+        now = self.clock()
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                if key.startswith("c:"):
+                    pipe.zcount(self.prefix + key, now, "+inf")
+                else:
+                    pipe.get(self.prefix + key)
+            for raw in await pipe.execute():
+                out.append(None if raw is None else int(raw))
+        return out
+
+    def _ensure_renewer(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._renewer is None or self._renewer.done() or self._renewer.get_loop() is not loop:
+            self._renewer = loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        """Renew the leases of this process's running requests every third of a lease."""
+        while self._held:
+            await asyncio.sleep(LEASE_S / 3)
+            held = dict(self._held)
+            if not held:
+                break
+            try:
+                client = self._client()[1]
+                until = self.clock() + LEASE_S
+                async with client.pipeline(transaction=False) as pipe:
+                    for member, sets in held.items():
+                        for name in sets:
+                            pipe.zadd(name, {member: until}, xx=True)
+                    await pipe.execute()
+            except Exception:  # noqa: BLE001 (Redis away: the next round tries again)
+                log.debug("could not renew concurrency leases", exc_info=True)

@@ -1,0 +1,186 @@
+"""Tenants' limits end to end: a real web process, a fake engine, the ``openai`` SDK —
+headers on 200 and 429, each limit at its edge, the SDK's retries, budgets seeded from usage
+records (a restart is no way around a spent budget). On PostgreSQL + Redis (the CI's second
+pass) the counters are Redis's."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from django.utils import timezone
+
+from gateway.models import ApiKey, ModelBudget, Team, UsageRecord
+from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
+from tests.replicas import routed_to, serve
+
+HI = [{"role": "user", "content": "x"}]
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def servers(django_db_setup, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("tenants")
+    ports = {name: free_port() for name in ("fast", "slow", "web")}
+    engines = [fake_engine(ports["fast"], logs, "--tokens", "5"),
+               fake_engine(ports["slow"], logs, "--tokens", "10", "--token-delay-ms", "150")]
+    for name in ("fast", "slow"):
+        wait_for_port(ports[name])
+    web = daphne(ports["web"], logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_USAGE_FLUSH_INTERVAL": "0.2s"})
+    yield {"ports": ports, "url": f"http://127.0.0.1:{ports['web']}", "web": web, "logs": logs}
+    for proc in [web, *engines]:
+        proc.stop()
+
+
+@pytest.fixture
+def models(servers, make_model):
+    made = {}
+    probe = ApiKey.create_key("probe")[1]
+    for name in ("fast", "slow"):
+        model = make_model(name)
+        replica = serve(model, servers["ports"][name])
+        wait_until(lambda: routed_to(post(servers, probe, {"model": name, "messages": HI, "max_tokens": 1}),
+                                     replica), timeout_s=60, what=f"{name} routed")
+        made[name] = model
+    return made
+
+
+def post(servers, key: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(servers["url"] + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}", **(headers or {})})
+
+
+def sdk(servers, key: str, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=servers["url"] + "/v1", api_key=key, timeout=60, **kw)
+
+
+def test_requests_per_minute_at_its_edge_with_headers_on_200_and_429(servers, models):
+    # A minute window must not turn while the test counts: start early in one.
+    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    _, key = ApiKey.create_key("rpm", requests_per_minute=3)
+    answers = [post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 2}) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429], [a.text for a in answers]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == ["2", "1", "0", "0"]
+    for a in answers:
+        assert a.headers["x-ratelimit-limit-requests"] == "3"
+        assert a.headers["x-ratelimit-reset-requests"].endswith("s")
+    refused = answers[-1]
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+    assert "requests per minute (RPM)" in error["message"] and "key 'rpm'" in error["message"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60 and refused.headers["x-should-retry"] == "true"
+    # No tokens limit: no tokens headers.
+    assert "x-ratelimit-limit-tokens" not in answers[0].headers
+
+
+def test_tokens_per_minute_reserved_then_settled(servers, models):
+    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    _, key = ApiKey.create_key("tpm", tokens_per_minute=1000)
+    first = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 400})
+    assert first.status_code == 200
+    # Reserved at admission: prompt (≈1) + 400.
+    assert 590 <= int(first.headers["x-ratelimit-remaining-tokens"]) <= 599
+    used = first.json()["usage"]["total_tokens"]  # settled with this (a few tokens)
+    second = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 400})
+    assert second.status_code == 200
+    remaining = int(second.headers["x-ratelimit-remaining-tokens"])
+    assert 1000 - used - 401 - 5 <= remaining <= 1000 - used - 400, (used, remaining)
+    # A request larger than the limit itself: 429, and waiting would not help.
+    big = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 5000})
+    assert big.status_code == 429 and big.headers["x-should-retry"] == "false"
+    assert "Request too large" in big.json()["error"]["message"]
+
+
+def test_the_sdk_waits_for_a_concurrency_slot_and_succeeds(servers, models):
+    _, key = ApiKey.create_key("one at a time", max_concurrent_requests=1)
+    slow_done = threading.Event()
+
+    def slow():
+        post(servers, key, {"model": "slow", "messages": HI, "max_tokens": 10})  # ~1.5 s
+        slow_done.set()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    # Wait until the slow request holds the slot (another is refused)…
+    wait_until(lambda: post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1}).status_code == 429,
+               timeout_s=30)
+    started = time.monotonic()
+    # …then the SDK's call is refused (Retry-After: 1), waits, retries and gets through.
+    answer = sdk(servers, key, max_retries=5).chat.completions.create(model="fast", messages=HI, max_tokens=2)
+    assert answer.choices[0].message.content
+    assert slow_done.is_set() or time.monotonic() - started >= 0.9
+    thread.join()
+
+
+def test_the_sdk_does_not_retry_a_spent_budget(servers, models):
+    team = Team.objects.create(name="spent", tokens_per_day=100)
+    key_row, key = ApiKey.create_key("spender", team=team)
+    # Spent before this process counted anything: the budget is seeded from usage records,
+    # as after a restart or a failover.
+    UsageRecord.objects.create(key=key_row, team_id=team.id, model_name="fast", path="chat/completions", status=200,
+                               prompt_tokens=60, completion_tokens=40, total_ms=1)
+    before = UsageRecord.objects.filter(key=key_row).count()
+    client = sdk(servers, key, max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
+    assert time.monotonic() - started < 5  # no backoff rounds
+    assert raised.value.code == "insufficient_quota"
+    assert "team 'spent' has used 100 of its 100 tokens today (UTC)" in raised.value.message
+    wait_until(lambda: UsageRecord.objects.filter(key=key_row, status=429).exists(), timeout_s=30)
+    time.sleep(0.5)  # a retry would have been recorded by now
+    assert UsageRecord.objects.filter(key=key_row).count() == before + 1  # asked once
+
+
+def test_a_team_budget_for_one_model_leaves_the_others(servers, models):
+    team = Team.objects.create(name="per-model")
+    ModelBudget.objects.create(team=team, model=models["slow"], tokens_per_month=1)
+    _, key = ApiKey.create_key("member", team=team)
+    slow = post(servers, key, {"model": "slow", "messages": HI, "max_tokens": 1})
+    assert slow.status_code == 429 and slow.json()["error"]["code"] == "insufficient_quota"
+    assert "for 'slow' this month (UTC)" in slow.json()["error"]["message"]
+    assert post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1}).status_code == 200
+
+
+def test_budget_counts_what_the_usage_records_already_hold_then_what_this_process_adds(servers, models):
+    row, key = ApiKey.create_key("daily", tokens_per_day=1000)
+    UsageRecord.objects.create(key=row, model_name="fast", path="chat/completions", status=200, prompt_tokens=900,
+                               completion_tokens=0, total_ms=1)
+    UsageRecord.objects.create(key=row, model_name="fast", path="chat/completions", status=200, prompt_tokens=500,
+                               completion_tokens=0, total_ms=1, at=timezone.now() - datetime.timedelta(days=1))
+    ok = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 50})  # 900 + ≈51 ≤ 1000
+    assert ok.status_code == 200, ok.text
+    spent = 900 + ok.json()["usage"]["total_tokens"]  # settled with the real count, not the 51 reserved
+    refused = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1000 - spent})  # 1 over
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
+    assert f"has used {spent:,} of its 1,000 tokens today" in refused.json()["error"]["message"]
+    assert post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 999 - spent}).status_code == 200
+
+
+def test_a_key_without_limits_gets_no_headers_and_no_counting(servers, models):
+    _, key = ApiKey.create_key("free")
+    answer = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1})
+    assert answer.status_code == 200
+    assert not [h for h in answer.headers if h.startswith("x-ratelimit")]
+
+
+def test_a_streamed_answer_carries_the_headers_and_settles_at_its_end(servers, models):
+    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    _, key = ApiKey.create_key("streamer", tokens_per_minute=10_000, max_concurrent_requests=1)
+    with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=60,
+                      json={"model": "slow", "messages": HI, "max_tokens": 10, "stream": True},
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        assert response.status_code == 200
+        assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000
+        # While it streams, the slot is taken.
+        assert post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1}).status_code == 429
+        body = response.read()
+    assert b"[DONE]" in body
+    # Once it ended, the slot is free again (settled in the web process).
+    wait_until(lambda: post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1}).status_code == 200,
+               timeout_s=30)
