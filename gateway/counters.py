@@ -41,6 +41,8 @@ LEASE_S = 60.0
 RETRY_AWAY_S = 1.0
 #: Redis socket timeouts (seconds): an admission never waits longer on Redis.
 REDIS_TIMEOUT_S = 0.5
+#: Connections to Redis per web process and event loop.
+MAX_CONNECTIONS = 32
 
 
 class CountersAway(Exception):
@@ -246,8 +248,12 @@ class RedisCounters:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(id(loop))
         if entry is None or entry[0] is not loop:
-            client = redis_async.Redis.from_url(self.url, socket_timeout=REDIS_TIMEOUT_S,
-                                                socket_connect_timeout=REDIS_TIMEOUT_S)
+            # A bounded pool that waits for a free connection: a burst of admissions queues for
+            # one of MAX_CONNECTIONS, rather than failing (redis-py's default pool raises).
+            pool = redis_async.BlockingConnectionPool.from_url(
+                self.url, max_connections=MAX_CONNECTIONS, timeout=REDIS_TIMEOUT_S * 4,
+                socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
+            client = redis_async.Redis(connection_pool=pool)
             entry = (loop, client, client.register_script(_ADMIT), client.register_script(_SETTLE))
             self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
             self._clients[id(loop)] = entry

@@ -102,3 +102,50 @@ class PrivatePostgres:
         with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
             self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateRedis:
+    """A Redis server of the test's own (its port, no persistence) that a fault test may stop
+    and start again on the same port; the machine's shared Redis is never touched."""
+
+    def __init__(self) -> None:
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            raise RuntimeError("redis-server not found")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="llmgw-redis-"))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "PrivateRedis":
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from tests.processes import wait_for_port
+
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_redis():
+    """A started :class:`PrivateRedis`, removed afterwards."""
+    require(shutil.which("redis-server") is not None, "redis-server")
+    server = PrivateRedis().start()
+    try:
+        yield server
+    finally:
+        server.close()
