@@ -16,7 +16,8 @@ What the gateway may do:
 * count requests per replica with :func:`begin_request` / :func:`end_request` and read
   :func:`in_flight` for routing;
 * read a model's :func:`capacity` (the cluster's, and this process's share) for its
-  admission queue;
+  admission queue, and report the queue's depth with :func:`set_queued` (no I/O: the
+  watcher writes it; the reconciler counts it as load);
 * ask for an on-demand model with :func:`want_model` (blocking; ORM);
 * add a blocking loader of its own to each refresh (:func:`add_loader`), whose dict lands
   in ``View.extra``.
@@ -29,11 +30,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fleet.control.demand import want as want_model
-from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, usage, watcher
+from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, queued, usage, watcher
 
 __all__ = [
     "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "capacity",
-    "current_view", "end_request", "fresh_view", "holding", "in_flight", "refused", "start", "stop",
+    "current_view", "end_request", "fresh_view", "holding", "in_flight", "refused", "set_queued", "start", "stop",
     "wait_for_change", "want_model",
 ]
 
@@ -99,6 +100,14 @@ def capacity(model_id: int) -> tuple[int, int] | None:
     is unknown (a routed replica with neither a benchmark nor a learned figure, or no
     replica routed): admit without limit."""
     return watcher.view.capacity.get(model_id)
+
+
+def set_queued(model_id: int, depth: int) -> None:
+    """This process's admission queue for ``model_id`` now holds ``depth`` requests (no
+    I/O; call it whenever the depth changes). The watcher reports it to the database
+    (``fleet.models.QueueReport``) and the reconciler adds it to the model's waiting load,
+    so load scaling sees requests the engines never saw."""
+    queued.set(model_id, depth)
 
 
 def add_loader(load: Callable[[], dict[str, Any]]) -> None:

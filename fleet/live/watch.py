@@ -15,7 +15,9 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
   close the websockets of the re-keyed or deleted ones, silent ones included (docs/architecture.md,
   "Crossing processes": token re-check; a re-key in another process reaches no in-memory
   channel layer);
-* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``;
+* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``,
+  and with it the depths of the gateway's admission queues that changed or are due a
+  fresh stamp (:class:`QueueDepths`);
 * the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
   registration as a control plane.
 
@@ -43,7 +45,7 @@ from django.utils import timezone
 
 from catalog.models import Benchmark, ClusterSettings
 from fleet.control import planes
-from fleet.control.usage import record_report
+from fleet.control.usage import record_queue_report, record_report
 from fleet.models import Agent, ControlPlane, ModelState, Replica, engine_url
 from fleet.planning.planner import backoff_wait_s
 from fleet.protocol import error_summary
@@ -247,6 +249,51 @@ class UsageRecorder:
             del self.in_flight[rid]
         self.dirty = False
         return report
+
+
+class QueueDepths:
+    """This process's admission-queue depth per model (``fleet.live.set_queued``) and what
+    it last wrote of each (``fleet.models.QueueReport``).
+
+    A depth is written at the first usage flush after it changed, and re-stamped every
+    ``LLMGW_LOAD_STALE / 3`` while it is not zero — the reconciler ignores reports older
+    than ``LLMGW_LOAD_STALE``, so a live process's queue never looks stale — as loads are
+    (:class:`HeartbeatStamps`). A depth back at 0 deletes the row. A write that fails
+    (database away) leaves ``written`` as it was: the next flush retries."""
+
+    def __init__(self) -> None:
+        self.depths: dict[int, int] = {}
+        #: Model id → (depth, when: ``time.monotonic``) this process last wrote.
+        self.written: dict[int, tuple[int, float]] = {}
+
+    def set(self, model_id: int, depth: int) -> None:
+        """The queue of ``model_id`` holds ``depth`` requests now (no I/O)."""
+        self.depths[int(model_id)] = max(0, int(depth))
+
+    def due(self, now_s: float) -> dict[int, int]:
+        """Model id → depth to write at ``now_s`` (monotonic seconds): changed since it was
+        last written, or not zero and written ``LLMGW_LOAD_STALE / 3`` ago or more. A queue
+        that was never written and is empty has no row to write."""
+        refresh_s = settings.LLMGW_LOAD_STALE_S / 3
+        out: dict[int, int] = {}
+        for model_id, depth in self.depths.items():
+            written = self.written.get(model_id)
+            if written is None:
+                stale = depth > 0
+            else:
+                stale = written[0] != depth or (depth > 0 and now_s - written[1] >= refresh_s)
+            if stale:
+                out[model_id] = depth
+        return out
+
+    def wrote(self, depths: dict[int, int], now_s: float) -> None:
+        """``depths`` (from :meth:`due`) were written at ``now_s``; empty queues whose 0 is
+        written are forgotten."""
+        for model_id, depth in depths.items():
+            self.written[model_id] = (depth, now_s)
+        for model_id in [m for m, d in self.depths.items() if d == 0 and self.written.get(m, (0,))[0] == 0]:
+            del self.depths[model_id]
+            self.written.pop(model_id, None)
 
 
 class HeartbeatStamps:
@@ -585,6 +632,10 @@ class Watcher:
         self._last_flush = now
         if report:
             await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
+        depths = queued.due(now)
+        if depths:
+            await sync_to_async(record_queue_report, thread_sensitive=False)(process_id(), depths)
+            queued.wrote(depths, now)
 
 
 def register_web_process() -> None:
@@ -720,5 +771,6 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
 
 
 usage = UsageRecorder()
+queued = QueueDepths()
 heartbeats = HeartbeatStamps()
 watcher = Watcher()

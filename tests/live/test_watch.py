@@ -512,3 +512,59 @@ def test_a_replica_out_of_this_processs_routes_leaves_its_capacity_at_once():
     assert w.view.capacity == {1: (2, 1)}
     w.withdraw([8], "gpu-a")
     assert w.view.routes == {} and w.view.capacity == {}
+
+
+# --- admission queues: their depths reach the database --------------------------------------
+
+@pytest.fixture
+def queue_depths():
+    """The process's queue depths (``fleet.live.set_queued``), empty before and after."""
+    from fleet.live.watch import queued
+
+    queued.depths.clear(), queued.written.clear()
+    yield queued
+    queued.depths.clear(), queued.written.clear()
+
+
+def test_a_queue_depth_is_due_when_it_changes_and_again_every_third_of_the_load_staleness(settings):
+    from fleet.live.watch import QueueDepths
+
+    settings.LLMGW_LOAD_STALE_S = 15.0
+    q = QueueDepths()
+    q.set(1, 0)
+    assert q.due(100.0) == {}  # never written and empty: no row to write
+    q.set(1, 3), q.set(2, 1)
+    assert q.due(100.0) == {1: 3, 2: 1}
+    q.wrote({1: 3, 2: 1}, 100.0)
+    assert q.due(104.0) == {}  # unchanged, and its stamp is fresh enough
+    q.set(2, 2)
+    assert q.due(104.0) == {2: 2}  # a change goes out at once
+    q.wrote({2: 2}, 104.0)
+    assert q.due(105.0) == {1: 3}  # unchanged but 5 s old: re-stamped, so it never looks stale
+    q.wrote({1: 3}, 105.0)
+    q.set(1, 0)
+    assert q.due(105.5) == {1: 0}  # emptied: its row goes
+    q.wrote({1: 0}, 105.5)
+    assert 1 not in q.depths and 1 not in q.written and q.due(200.0) == {2: 2}
+
+
+@pytest.mark.django_db(transaction=True)  # the flush writes from a worker thread
+def test_a_depth_set_by_the_gateway_lands_in_this_processs_queue_report_at_the_next_flush(make_model, queue_depths):
+    import asyncio
+
+    from fleet import live
+    from fleet.live.watch import process_id, watcher
+    from fleet.models import QueueReport
+
+    m, other = make_model("m"), make_model("other")
+    live.set_queued(m.pk, 4)
+    live.set_queued(other.pk, 1)
+    assert not QueueReport.objects.exists()  # no I/O until the flush
+    asyncio.run(watcher.flush_usage(force=True))
+    rows = {r.model_id: (r.process, r.waiting) for r in QueueReport.objects.all()}
+    assert rows == {m.pk: (process_id(), 4), other.pk: (process_id(), 1)}
+    live.set_queued(m.pk, 2)
+    live.set_queued(other.pk, 0)
+    asyncio.run(watcher.flush_usage(force=True))
+    assert list(QueueReport.objects.values_list("model_id", "waiting")) == [(m.pk, 2)]  # the empty one went
+    assert queue_depths.depths == {m.pk: 2}
