@@ -117,7 +117,7 @@ def _metered(model):
     model.profile.save()
 
 
-def test_fresh_queued_requests_add_to_a_known_load_and_stale_ones_do_not(make_model, settings):
+def test_fresh_queued_requests_add_to_a_known_load_and_stale_ones_or_an_unknown_load_do_not(make_model, settings):
     from fleet.control.snapshot import _loads
     from fleet.models import QueueReport
     from fleet.planning.scaling import Load
@@ -137,17 +137,6 @@ def test_fresh_queued_requests_add_to_a_known_load_and_stale_ones_do_not(make_mo
     assert loads[quiet.pk] == Load(1, 0, 0)  # no queue: as before
     QueueReport.objects.create(process="web:1", model=quiet, waiting=4, reported_at=now)
     assert _loads(now, {})[quiet.pk] == Load(1, 0, 4)
-
-
-def test_a_queue_never_makes_an_unknown_engine_load_known(make_model, settings):
-    from fleet.control.snapshot import _loads
-    from fleet.models import QueueReport
-    from fleet.planning.scaling import Load
-
-    m = make_model("m")
-    _metered(m)
-    now = timezone.now()
-    replica(m, agent("a"), load_running=4, load_waiting=0, load_reported_at=now - timedelta(
-        seconds=settings.LLMGW_LOAD_STALE_S + 1))  # its metrics went stale
-    QueueReport.objects.create(process="web:1", model=m, waiting=3, reported_at=now)
+    # An engine load gone stale stays unknown, queue or not: no step either way.
+    m.replicas.update(load_reported_at=now - timedelta(seconds=16))
     assert _loads(now, {})[m.pk] == Load(1, None, None)
