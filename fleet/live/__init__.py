@@ -104,7 +104,8 @@ def capacity(model_id: int) -> tuple[int, int] | None:
 
 def set_queued(model_id: int, depth: int) -> None:
     """This process's admission queue for ``model_id`` now holds ``depth`` requests (no
-    I/O; call it whenever the depth changes). The watcher reports it to the database
+    I/O; call it from the event loop whenever the depth changes, 0 when it empties: a depth
+    is not forgotten on its own). The watcher reports it to the database
     (``fleet.models.QueueReport``) and the reconciler adds it to the model's waiting load,
     so load scaling sees requests the engines never saw."""
     queued.set(model_id, depth)
