@@ -459,6 +459,44 @@ class UsageReport(models.Model):
         ]
 
 
+class QueueReportQuerySet(models.QuerySet):
+    def fresh(self, now: datetime) -> "QueueReportQuerySet":
+        """Reports made within ``LLMGW_LOAD_STALE`` of ``now``. A live process re-stamps a
+        non-zero queue every third of that, so an older row is a process gone or stalled,
+        whose queue went with it (its requests failed or reached engines): it counts no more."""
+        return self.filter(reported_at__gte=now - timedelta(seconds=settings.LLMGW_LOAD_STALE_S))
+
+    def waiting_by_model(self) -> dict[int, int]:
+        """Model id → requests waiting, summed over the web processes (one query)."""
+        return dict(self.values("model_id").annotate(total=models.Sum("waiting")).values_list("model_id", "total"))
+
+
+class QueueReport(models.Model):
+    """One web process's latest word on one model's admission queue: requests waiting in
+    the gateway because the model's routed replicas are at capacity, which its engines never
+    saw. The reconciler adds the fresh ones to the model's engine load (``waiting``), so load
+    scaling steps up (``fleet.control.snapshot``).
+
+    Written by the process's watcher when a depth changes, and re-stamped every
+    ``LLMGW_LOAD_STALE / 3`` while it is not zero (``fleet.live.watch.QueueDepths``); a queue
+    back at 0 deletes its row."""
+
+    process = models.CharField(max_length=255)
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="queue_reports")
+    waiting = models.PositiveIntegerField(default=0)
+    reported_at = models.DateTimeField()
+
+    objects = QueueReportQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["process", "model"], name="queue_one_per_process")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.waiting} waiting for {self.model_id} at {self.process}"
+
+
 class ControlPlane(models.Model):
     """A control-plane process (web or worker) that registered itself, so ``status`` and
     ``restart`` know every host. The leader is the worker holding ``LeaderLease``; the

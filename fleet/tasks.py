@@ -11,7 +11,7 @@ from django.db import connections
 from django.utils import timezone
 from django_q.models import Schedule
 
-from fleet.models import ControlPlane, LeaderLease, UsageReport
+from fleet.models import ControlPlane, LeaderLease, QueueReport, UsageReport
 from fleet.control.reconciler import reconcile
 
 log = logging.getLogger(__name__)
@@ -26,12 +26,13 @@ def reconcile_now() -> int:
 
 
 def forget_old_reports() -> int:
-    """Drop usage reports of web processes gone for an hour and control planes silent for a
-    day (every restart registers under a new pid). Returns the rows deleted."""
+    """Drop usage and queue reports of web processes gone for an hour and control planes
+    silent for a day (every restart registers under a new pid). Returns the rows deleted."""
     now = timezone.now()
     gone, _ = UsageReport.objects.filter(reported_at__lt=now - timedelta(hours=1)).delete()
+    queues, _ = QueueReport.objects.filter(reported_at__lt=now - timedelta(hours=1)).delete()
     silent, _ = ControlPlane.objects.filter(last_seen_at__lt=now - timedelta(days=1)).delete()
-    return gone + silent
+    return gone + queues + silent
 
 
 def watchdog() -> int:

@@ -14,7 +14,7 @@ from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
 from catalog.schedules import active_window
 from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
-from fleet.models import Agent, Gpu, ModelState, Replica, UsageReport
+from fleet.models import Agent, Gpu, ModelState, QueueReport, Replica, UsageReport
 from fleet.planning import planner
 from fleet.protocol import error_summary
 from fleet.planning.scaling import Load, ScalingPolicy
@@ -187,8 +187,11 @@ def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:
     """Each model's load over its ready replicas. From the engines' metrics where the
     profile declares them (stale after LLMGW_LOAD_STALE → unknown); else the gateways'
     fresh in-flight counts as running with nothing known to wait. Any replica unknown →
-    the model's load is unknown."""
+    the model's load is unknown. Requests waiting in the gateways' admission queues (fresh
+    ``QueueReport`` rows, summed) are added to a known ``waiting``: the engines never saw
+    them, and without them a model held at its capacity would look merely full."""
     stale_before = now - timedelta(seconds=settings.LLMGW_LOAD_STALE_S)
+    queued = QueueReport.objects.fresh(now).waiting_by_model()
     acc: dict[int, list] = {}
     for r in Replica.objects.filter(state=ReplicaState.READY.value).select_related("profile"):
         entry = acc.setdefault(r.model_id, [0, 0, 0])  # replicas, running, waiting (None = unknown)
@@ -201,4 +204,7 @@ def _loads(now: datetime, in_flight: dict[int, int]) -> dict[int, Load]:
             running, waiting = in_flight.get(r.pk), 0
         entry[1] = None if entry[1] is None or running is None else entry[1] + running
         entry[2] = None if entry[2] is None or waiting is None else entry[2] + waiting
-    return {model_id: Load(n, running, waiting) for model_id, (n, running, waiting) in acc.items()}
+    return {
+        model_id: Load(n, running, None if waiting is None else waiting + queued.get(model_id, 0))
+        for model_id, (n, running, waiting) in acc.items()
+    }

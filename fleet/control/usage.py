@@ -1,4 +1,5 @@
-"""Usage reports from the web processes: last use (forwards only) and in-flight counts.
+"""Usage reports from the web processes: last use (forwards only) and in-flight counts;
+and their admission queues' depths (``QueueReport``).
 
 The rules of docs/architecture.md, R6: a late or duplicate report never moves a time backwards; a
 replica missing from a report keeps its time; never told (None) is not idle; use keeps an
@@ -13,7 +14,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.models import ModelState, Replica, UsageReport
+from catalog.models import Model
+from fleet.models import ModelState, QueueReport, Replica, UsageReport
 from fleet.states import ReplicaState
 
 
@@ -83,3 +85,20 @@ def keep_demand_alive(model_id: int, used_at: datetime, replica_id: int | None =
     if not warm:
         return False
     return bool(ModelState.objects.filter(model_id=model_id, wanted_at__isnull=True).update(wanted_at=used_at))
+
+
+def record_queue_report(process: str, depths: dict[int, int]) -> None:
+    """Store one web process's admission-queue depths, ``{model_id: waiting}``, stamped now:
+    a non-zero depth is written (one upsert for them all), a zero deletes the row; models
+    deleted meanwhile are skipped. Three queries at most, however many models."""
+    now = timezone.now()
+    busy = [model_id for model_id, depth in depths.items() if depth > 0]
+    empty = [model_id for model_id, depth in depths.items() if depth <= 0]
+    existing = set(Model.objects.filter(pk__in=busy).values_list("pk", flat=True)) if busy else set()
+    waiting = [QueueReport(process=process, model_id=model_id, waiting=depths[model_id], reported_at=now)
+               for model_id in busy if model_id in existing]
+    if waiting:
+        QueueReport.objects.bulk_create(waiting, update_conflicts=True, unique_fields=["process", "model"],
+                                        update_fields=["waiting", "reported_at"])
+    if empty:
+        QueueReport.objects.filter(process=process, model_id__in=empty).delete()

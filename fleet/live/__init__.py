@@ -15,6 +15,9 @@ What the gateway may do:
   stops counting at once) and :func:`wait_for_change`;
 * count requests per replica with :func:`begin_request` / :func:`end_request` and read
   :func:`in_flight` for routing;
+* read a model's :func:`capacity` (the cluster's, and this process's share) for its
+  admission queue, and report the queue's depth with :func:`set_queued` (no I/O: the
+  watcher writes it; the reconciler counts it as load);
 * ask for an on-demand model with :func:`want_model` (blocking; ORM);
 * add a blocking loader of its own to each refresh (:func:`add_loader`), whose dict lands
   in ``View.extra``.
@@ -27,11 +30,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fleet.control.demand import want as want_model
-from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, usage, watcher
+from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, queued, usage, watcher
 
 __all__ = [
-    "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "current_view",
-    "end_request", "fresh_view", "holding", "in_flight", "refused", "start", "stop", "wait_for_change", "want_model",
+    "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "capacity",
+    "current_view", "end_request", "fresh_view", "holding", "in_flight", "refused", "set_queued", "start", "stop",
+    "wait_for_change", "want_model",
 ]
 
 
@@ -87,6 +91,24 @@ def end_request(replica_id: int) -> None:
 def in_flight(replica_id: int) -> int:
     """Requests this process has in flight on ``replica_id``."""
     return usage.in_flight.get(replica_id, 0)
+
+
+def capacity(model_id: int) -> tuple[int, int] | None:
+    """``(cluster capacity, this process's share)`` of ``model_id`` in the current view, in
+    requests run at once (``View.capacity``; no I/O): the sum of its routed replicas'
+    concurrency, and how many of those this web process may have in flight. None when it
+    is unknown (a routed replica with neither a benchmark nor a learned figure, or no
+    replica routed): admit without limit."""
+    return watcher.view.capacity.get(model_id)
+
+
+def set_queued(model_id: int, depth: int) -> None:
+    """This process's admission queue for ``model_id`` now holds ``depth`` requests (no
+    I/O; call it from the event loop whenever the depth changes, 0 when it empties: a depth
+    is not forgotten on its own). The watcher reports it to the database
+    (``fleet.models.QueueReport``) and the reconciler adds it to the model's waiting load,
+    so load scaling sees requests the engines never saw."""
+    queued.set(model_id, depth)
 
 
 def add_loader(load: Callable[[], dict[str, Any]]) -> None:

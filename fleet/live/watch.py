@@ -3,7 +3,10 @@
 One watcher task per web process (started lazily: daphne has no ASGI lifespan) does, every
 ``LLMGW_WATCH_INTERVAL`` (faster while requests are held for a cold start):
 
-* one query for ready replicas on connected agents → the routing table the gateway reads;
+* one query for ready replicas on connected agents → the routing table the gateway reads,
+  with each replica's concurrency (benchmarked, else learned) → each model's capacity and
+  this process's share of it, split by the live web processes (read in the query that
+  gives the listening window: no query of its own);
 * one for each model's pass outcome (unservable + reason, replicas coming up) and the
   cluster's stopped flag;
 * one for the generations of the agents connected to this process → push ``assign`` to
@@ -12,7 +15,9 @@ One watcher task per web process (started lazily: daphne has no ASGI lifespan) d
   close the websockets of the re-keyed or deleted ones, silent ones included (docs/architecture.md,
   "Crossing processes": token re-check; a re-key in another process reaches no in-memory
   channel layer);
-* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``;
+* a usage report (in-flight counts and last-use times) every ``LLMGW_USAGE_FLUSH_INTERVAL``,
+  and with it the depths of the gateway's admission queues that changed or are due a
+  fresh stamp (:class:`QueueDepths`);
 * the agents' heartbeat stamps, batched (:class:`HeartbeatStamps`), and this process's
   registration as a control plane.
 
@@ -34,13 +39,13 @@ from typing import Any, Callable, Protocol
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.db.models import Case, IntegerField, Q, Sum, Value, When
-from django.db.models.functions import Cast
+from django.db.models import Case, F, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from catalog.models import ClusterSettings
+from catalog.models import Benchmark, ClusterSettings
 from fleet.control import planes
-from fleet.control.usage import record_report
+from fleet.control.usage import record_queue_report, record_report
 from fleet.models import Agent, ControlPlane, ModelState, Replica, engine_url
 from fleet.planning.planner import backoff_wait_s
 from fleet.protocol import error_summary
@@ -58,13 +63,17 @@ def process_id() -> str:
 @dataclass(frozen=True)
 class Endpoint:
     """A ready replica the gateway may send requests to. ``key`` is its engine key, sent
-    as ``Authorization: Bearer`` on every request to it (never shown in a repr)."""
+    as ``Authorization: Bearer`` on every request to it (never shown in a repr).
+    ``concurrency``: requests it runs at once — the ``catalog.models.Benchmark`` of its
+    model on its profile, else its model's learned ``ModelState.observed_per_replica``;
+    None when neither is known."""
 
     replica_id: int
     model_id: int
     url: str
     agent_name: str
     key: str = field(default="", repr=False)
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,9 +126,19 @@ class ModelStatus:
 
 @dataclass
 class View:
-    """One refresh's picture. ``started_at`` is when the refresh began (monotonic)."""
+    """One refresh's picture. ``started_at`` is when the refresh began (monotonic).
+
+    ``capacity``: model id → (cluster capacity, this process's share), for the gateway's
+    admission queue: requests the model's routed replicas run at once
+    (:func:`model_capacity`), and how many of them this process may have in flight
+    (:func:`capacity_share` of its ``web_slot``). A model whose capacity is unknown (a
+    routed replica without a benchmark or a learned figure) is absent: no limit.
+    ``web_slot``: this process's (index, count) among the live web processes
+    (``fleet.control.planes.web_slot``)."""
 
     routes: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
+    capacity: dict[int, tuple[int, int]] = field(default_factory=dict)
+    web_slot: tuple[int, int] = (0, 1)
     status: dict[int, ModelStatus] = field(default_factory=dict)
     stopped: bool = False
     cold_start_timeout_s: float = 300.0
@@ -131,10 +150,42 @@ class View:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def capacity_share(total: int, index: int, count: int) -> int:
+    """This web process's share of a model's ``total`` capacity, when ``count`` live web
+    processes split it and this one is ``index`` (0-based, by host and pid):
+    ``total // count``, plus one for the first ``total % count`` processes, and at least 1.
+    The shares sum to ``total`` when ``total >= count``. With fewer slots than processes
+    every process still gets one, which over-admits by design (up to ``count`` in flight):
+    a process that may send nothing would queue its requests forever while another's slot
+    sits idle; the engines queue the surplus instead."""
+    return max(1, total // count + (1 if index < total % count else 0))
+
+
+def model_capacity(endpoints: tuple[Endpoint, ...]) -> int | None:
+    """Requests a model's routed replicas run at once: the sum of their ``concurrency``;
+    None (unknown) when any of them is unknown, or none is routed."""
+    if not endpoints or any(e.concurrency is None for e in endpoints):
+        return None
+    return sum(e.concurrency for e in endpoints)
+
+
+def capacities(routes: dict[int, tuple[Endpoint, ...]], slot: tuple[int, int]) -> dict[int, tuple[int, int]]:
+    """Model id → (capacity, this process's share at ``slot`` = (index, count)) for every
+    routed model whose capacity is known (:attr:`View.capacity`)."""
+    out: dict[int, tuple[int, int]] = {}
+    for model_id, endpoints in routes.items():
+        total = model_capacity(endpoints)
+        if total is not None:
+            out[model_id] = (total, capacity_share(total, *slot))
+    return out
+
+
 def _without(view: View, replica_ids: set[int]) -> View:
-    """``view`` with the endpoints of ``replica_ids`` left out of its routes (a copy)."""
+    """``view`` with the endpoints of ``replica_ids`` left out of its routes, and the
+    capacities recounted without them (a copy)."""
     routes = {model_id: tuple(e for e in eps if e.replica_id not in replica_ids) for model_id, eps in view.routes.items()}
-    return replace(view, routes={k: v for k, v in routes.items() if v}, version=view.version + 1)
+    routes = {k: v for k, v in routes.items() if v}
+    return replace(view, routes=routes, capacity=capacities(routes, view.web_slot), version=view.version + 1)
 
 
 @dataclass(frozen=True)
@@ -198,6 +249,51 @@ class UsageRecorder:
             del self.in_flight[rid]
         self.dirty = False
         return report
+
+
+class QueueDepths:
+    """This process's admission-queue depth per model (``fleet.live.set_queued``) and what
+    it last wrote of each (``fleet.models.QueueReport``).
+
+    A depth is written at the first usage flush after it changed, and re-stamped every
+    ``LLMGW_LOAD_STALE / 3`` while it is not zero — the reconciler ignores reports older
+    than ``LLMGW_LOAD_STALE``, so a live process's queue never looks stale — as loads are
+    (:class:`HeartbeatStamps`). A depth back at 0 deletes the row. A write that fails
+    (database away) leaves ``written`` as it was: the next flush retries."""
+
+    def __init__(self) -> None:
+        self.depths: dict[int, int] = {}
+        #: Model id → (depth, when: ``time.monotonic``) this process last wrote.
+        self.written: dict[int, tuple[int, float]] = {}
+
+    def set(self, model_id: int, depth: int) -> None:
+        """The queue of ``model_id`` holds ``depth`` requests now (no I/O)."""
+        self.depths[int(model_id)] = max(0, int(depth))
+
+    def due(self, now_s: float) -> dict[int, int]:
+        """Model id → depth to write at ``now_s`` (monotonic seconds): changed since it was
+        last written, or not zero and written ``LLMGW_LOAD_STALE / 3`` ago or more. A queue
+        that was never written and is empty has no row to write."""
+        refresh_s = settings.LLMGW_LOAD_STALE_S / 3
+        out: dict[int, int] = {}
+        for model_id, depth in self.depths.items():
+            written = self.written.get(model_id)
+            if written is None:
+                stale = depth > 0
+            else:
+                stale = written[0] != depth or (depth > 0 and now_s - written[1] >= refresh_s)
+            if stale:
+                out[model_id] = depth
+        return out
+
+    def wrote(self, depths: dict[int, int], now_s: float) -> None:
+        """``depths`` (from :meth:`due`) were written at ``now_s``; empty queues whose 0 is
+        written are forgotten."""
+        for model_id, depth in depths.items():
+            self.written[model_id] = (depth, now_s)
+        for model_id in [m for m, d in self.depths.items() if d == 0 and self.written.get(m, (0,))[0] == 0]:
+            del self.depths[model_id]
+            self.written.pop(model_id, None)
 
 
 class HeartbeatStamps:
@@ -536,6 +632,10 @@ class Watcher:
         self._last_flush = now
         if report:
             await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
+        depths = queued.due(now)
+        if depths:
+            await sync_to_async(record_queue_report, thread_sensitive=False)(process_id(), depths)
+            queued.wrote(depths, now)
 
 
 def register_web_process() -> None:
@@ -607,25 +707,34 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
     # process on a dead engine's port would be sent requests (the soak's web restart).
     now = timezone.now()
     heard_since = now - timedelta(seconds=settings.LLMGW_AGENT_ROUTE_GRACE_S)
-    listening = planes.listening_since(now)
+    webs = planes.web_planes()  # one read for the listening window and this process's share
+    listening = planes.listening_since(now, webs)
     just_listening = listening is not None and listening > heard_since
     connected_here = set(agent_ids)
     # A deleted model's replicas (model None) leave routing at once, before a pass drains them.
+    # Each carries its concurrency in the same query: its model's benchmark on its profile,
+    # else the model's learned figure.
+    measured = Benchmark.objects.filter(model=OuterRef("model_id"), profile=OuterRef("profile_id")).values(
+        "max_concurrency")[:1]
     rows = Replica.objects.filter(
         state__in=[ReplicaState.READY.value] + [s.value for s in COMING_UP], model__isnull=False,
-    ).values_list("id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at",
-                  "engine_key", "agent_id")
+    ).annotate(concurrency=Coalesce(Subquery(measured), F("model__fleet_state__observed_per_replica"))).values_list(
+        "id", "model_id", "state", "port", "agent__address", "agent__name", "agent__last_seen_at", "engine_key",
+        "agent_id", "concurrency")
     silent: dict[int, dict[str, datetime]] = defaultdict(dict)
-    for rid, model_id, state, port, address, agent_name, last_seen, key, agent_id in rows:
+    for rid, model_id, state, port, address, agent_name, last_seen, key, agent_id, concurrency in rows:
         if state == ReplicaState.READY.value:
             heard = last_seen is not None and (last_seen >= heard_since or (just_listening and agent_id in connected_here))
             if heard and port:
-                routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key))
+                routes[model_id].append(Endpoint(rid, model_id, engine_url(address, port), agent_name, key,
+                                                 concurrency))
             elif last_seen is not None:
                 silent[model_id][agent_name] = max(last_seen, listening) if listening is not None else last_seen
         else:
             coming[model_id] += 1
     view.routes = {k: tuple(sorted(v, key=lambda e: e.replica_id)) for k, v in routes.items()}
+    view.web_slot = planes.web_slot(now, webs)
+    view.capacity = capacities(view.routes, view.web_slot)
     view.agent_lost_after_s = float(settings.LLMGW_AGENT_LOST_AFTER_S)
     failures = _failures(now)
     seen: set[int] = set()
@@ -662,5 +771,6 @@ def _load_view(agent_ids: list[int], previous_key: tuple | None = None,
 
 
 usage = UsageRecorder()
+queued = QueueDepths()
 heartbeats = HeartbeatStamps()
 watcher = Watcher()

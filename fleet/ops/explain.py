@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from catalog.models import Benchmark, ClusterSettings, Model, limits_info
 from catalog.schedules import active_window, describe
-from fleet.models import ModelState, ScalingEvent
+from fleet.models import ModelState, QueueReport, ScalingEvent
 from fleet.ops import cluster as read
 from fleet.states import ReplicaState
 
@@ -22,7 +22,8 @@ def _ago(when):
 
 def explain_model(model: Model) -> dict:
     """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
-    durations in seconds). Each replica says whether it is ``outdated`` (docs/architecture.md,
+    durations in seconds). ``queued_at_gateway``: requests waiting in the web processes'
+    admission queues for it, as the reconciler counts them (fresh ``QueueReport`` rows). Each replica says whether it is ``outdated`` (docs/architecture.md,
     R10) and, in ``note``, "outdated, being replaced". ``ready``, the replicas' states and ``reason`` before any pass
     are the read model's (``fleet.ops.cluster``), as in ``status`` and the dashboard."""
     at = read.moment()
@@ -47,6 +48,8 @@ def explain_model(model: Model) -> dict:
         "load_extra_replicas": state.extra_replicas if state else 0,
         "measured_per_replica": bench.max_concurrency if bench else None,
         "observed_per_replica": state.observed_per_replica if state else None,
+        "queued_at_gateway": QueueReport.objects.filter(model=model).fresh(timezone.now()).waiting_by_model().get(
+            model.pk, 0),
         "scaling_events": [{"at": e.at.isoformat(), "from": e.from_replicas, "to": e.to_replicas, "why": e.reason}
                            for e in events],
         "last_failure": failed[0].error if failed else None,

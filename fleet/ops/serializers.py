@@ -199,6 +199,8 @@ class ExplainSerializer(serializers.Serializer):
     measured_per_replica = serializers.IntegerField(allow_null=True, help_text="Benchmarked concurrency per replica.")
     observed_per_replica = serializers.IntegerField(
         allow_null=True, help_text="Most requests a replica ran while others queued (learned capacity).")
+    queued_at_gateway = serializers.IntegerField(
+        help_text="Requests waiting in the gateways' admission queues (the model at capacity), counted as load.")
     scaling_events = ExplainScalingEventSerializer(many=True, help_text="The last five, newest first.")
     last_failure = serializers.CharField(allow_null=True, help_text="The newest failed replica's error.")
     replicas = ExplainReplicaSerializer(many=True)

@@ -155,6 +155,54 @@ def test_a_scale_step_is_recorded_as_an_event(make_model, cluster):
     assert state.extra_replicas == 1 and state.observed_per_replica == 4  # learned from the queue, kept
 
 
+@pytest.mark.django_db(transaction=True)  # the watcher's flush writes from a worker thread
+def test_requests_queued_at_the_gateway_scale_a_model_held_at_its_capacity_up(make_model, cluster):
+    """The gateway holds a model's requests at its capacity: the engine runs its fill with
+    nothing waiting, so only the gateway's queue, reported by the watcher, says it is busy."""
+    import asyncio
+
+    from fleet import live
+    from fleet.control.snapshot import _loads
+    from fleet.live.watch import process_id, queued, watcher
+    from fleet.models import QueueReport, ScalingEvent
+    from fleet.planning.scaling import Load
+
+    cluster.scale_up_waiting = 1
+    cluster.scale_up_after_s = 0
+    cluster.save()
+    agent = connected_agent()
+    m = make_model("m", min_replicas=1, max_replicas=2)
+    m.profile.metric_running, m.profile.metric_waiting = "r", "w"
+    m.profile.save()
+    Replica.objects.create(model=m, profile=m.profile, agent=agent, state="ready", port=1, cpu_cores=1,
+                           load_running=4, load_waiting=0, load_reported_at=timezone.now())
+    ModelState.objects.create(model=m, busy_since=timezone.now() - timedelta(seconds=1))
+    try:
+        live.set_queued(m.pk, 3)
+        asyncio.run(watcher.flush_usage(force=True))
+    finally:
+        queued.depths.clear(), queued.written.clear()
+    assert list(QueueReport.objects.values_list("process", "model_id", "waiting")) == [(process_id(), m.pk, 3)]
+    assert _loads(timezone.now(), {})[m.pk] == Load(1, 4, 3)
+    reconciler.reconcile()
+    event = ScalingEvent.objects.get(model=m)
+    assert (event.from_replicas, event.to_replicas) == (1, 2) and "3.0 waiting per replica" in event.reason
+    assert Replica.objects.filter(model=m).count() == 2
+    state = ModelState.objects.get(model=m)
+    assert state.extra_replicas == 1 and state.observed_per_replica == 4  # full while the gateway queued
+
+
+def test_old_queue_reports_are_forgotten_with_the_usage_reports(make_model):
+    from fleet.models import QueueReport
+    from fleet.tasks import forget_old_reports
+
+    m = make_model("m")
+    QueueReport.objects.create(process="gone:1", model=m, waiting=2, reported_at=timezone.now() - timedelta(hours=2))
+    QueueReport.objects.create(process="here:2", model=m, waiting=1, reported_at=timezone.now())
+    assert forget_old_reports() == 1
+    assert list(QueueReport.objects.values_list("process", flat=True)) == ["here:2"]
+
+
 def test_old_usage_reports_and_silent_control_planes_are_forgotten(make_model):
     from datetime import timedelta
 

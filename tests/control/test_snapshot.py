@@ -108,3 +108,35 @@ def test_a_deleted_models_replica_has_no_model_in_the_snapshot(make_model):
     snapshot = load_snapshot(timezone.now())
     assert snapshot.models == ()
     assert [(v.id, v.model_id, v.outdated) for v in snapshot.replicas] == [(r.pk, None, False)]
+
+
+# --- load: requests queued at the gateways (fleet.models.QueueReport) ------------------------
+
+def _metered(model):
+    model.profile.metric_running, model.profile.metric_waiting = "running", "waiting"
+    model.profile.save()
+
+
+def test_fresh_queued_requests_add_to_a_known_load_and_stale_ones_or_an_unknown_load_do_not(make_model, settings):
+    from fleet.control.snapshot import _loads
+    from fleet.models import QueueReport
+    from fleet.planning.scaling import Load
+
+    settings.LLMGW_LOAD_STALE_S = 15.0
+    m, quiet = make_model("m"), make_model("quiet")
+    _metered(m)
+    a = agent("a")
+    now = timezone.now()
+    replica(m, a, load_running=4, load_waiting=1, load_reported_at=now)
+    replica(quiet, a, load_running=0, load_waiting=0, load_reported_at=now)
+    QueueReport.objects.create(process="web:1", model=m, waiting=3, reported_at=now - timedelta(seconds=2))
+    QueueReport.objects.create(process="web:2", model=m, waiting=2, reported_at=now)
+    QueueReport.objects.create(process="gone:3", model=m, waiting=50, reported_at=now - timedelta(seconds=16))
+    loads = _loads(now, {})
+    assert loads[m.pk] == Load(1, 4, 1 + 3 + 2)  # the engine's one, and the two live processes' queues
+    assert loads[quiet.pk] == Load(1, 0, 0)  # no queue: as before
+    QueueReport.objects.create(process="web:1", model=quiet, waiting=4, reported_at=now)
+    assert _loads(now, {})[quiet.pk] == Load(1, 0, 4)
+    # An engine load gone stale stays unknown, queue or not: no step either way.
+    m.replicas.update(load_reported_at=now - timedelta(seconds=16))
+    assert _loads(now, {})[m.pk] == Load(1, None, None)

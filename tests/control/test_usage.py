@@ -87,3 +87,23 @@ def test_in_flight_is_the_sum_of_fresh_reports_and_unknown_without_one(replica, 
     assert fresh_in_flight(timezone.now()) == {replica.pk: 5}
     UsageReport.objects.update(reported_at=now - timedelta(seconds=settings.LLMGW_USAGE_REPORT_FRESH_S + 1))
     assert fresh_in_flight(timezone.now()) == {}
+
+
+# --- admission-queue depths ------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_queue_depths_are_upserted_per_process_and_an_empty_queue_deletes_its_row(make_model,
+                                                                                 django_assert_max_num_queries):
+    from fleet.control.usage import record_queue_report
+    from fleet.models import QueueReport
+
+    a, b = make_model("a"), make_model("b")
+    record_queue_report("web:1", {a.pk: 3, b.pk: 1})
+    record_queue_report("web:2", {a.pk: 2})
+    first = QueueReport.objects.get(process="web:1", model=a).reported_at
+    with django_assert_max_num_queries(3):  # the models that exist, one upsert, one delete
+        record_queue_report("web:1", {a.pk: 5, b.pk: 0, 999_999: 7})  # 999999: deleted meanwhile
+    rows = sorted(QueueReport.objects.values_list("process", "model_id", "waiting"))
+    assert rows == [("web:1", a.pk, 5), ("web:2", a.pk, 2)]
+    assert QueueReport.objects.get(process="web:1", model=a).reported_at >= first
+    assert QueueReport.objects.waiting_by_model() == {a.pk: 7}

@@ -361,3 +361,210 @@ def test_just_after_no_one_could_listen_only_agents_connected_here_keep_old_stam
     view, _ = _load_view([here.pk])
     assert [e.replica_id for e in view.routes[m.pk]] == [r_here.pk]
     assert [a.name for a in view.status[m.pk].silent_agents] == ["elsewhere"]
+
+
+# --- capacity: what the gateway's admission queue admits up to ------------------------------
+
+def _benchmark(model, profile, per_replica: int):
+    from catalog.models import Benchmark
+
+    return Benchmark.objects.create(model=model, profile=profile, max_concurrency=per_replica, slo_ttft_p95_ms=500.0)
+
+
+def _other_profile(like):
+    from catalog.models import Profile
+
+    return Profile.objects.create(name="other-cpu", engine=like.engine, command=like.command, gpus_needed=0,
+                                  cpu_cores=1, memory_mib=128, readiness_path=like.readiness_path)
+
+
+def _only_this_web_process(monkeypatch, me=("web-b", 2)):
+    """This process is ``me`` (host, pid) among the web control planes."""
+    monkeypatch.setattr("fleet.control.planes.this_process", lambda: me)
+
+
+def test_a_models_capacity_is_the_benchmark_of_each_routed_replica_summed(make_model, monkeypatch):
+    from fleet import live
+    from fleet.live import watch
+
+    _only_this_web_process(monkeypatch)
+    m, unmeasured = make_model("m"), make_model("unmeasured")
+    a = agent("a")
+    replica(m, a), replica(m, a), replica(unmeasured, a)
+    replica(m, a, state="starting")  # not routed: no capacity yet
+    replica(m, agent("silent", seen_s_ago=60))  # out of routing: its slots are not counted
+    _benchmark(m, m.profile, 4)
+    ModelState.objects.create(model=m, observed_per_replica=1)  # a measurement beats what was learned
+    view, _ = _load_view([])
+    assert view.capacity == {m.pk: (8, 8)} and view.web_slot == (0, 1)
+    assert [e.concurrency for e in view.routes[m.pk]] == [4, 4] and view.routes[unmeasured.pk][0].concurrency is None
+    monkeypatch.setattr(watch.watcher, "view", view)
+    assert live.capacity(m.pk) == (8, 8)
+    assert live.capacity(unmeasured.pk) is None  # unknown: the gateway admits without limit
+
+
+def test_without_a_benchmark_a_replica_counts_what_load_scaling_learned(make_model, monkeypatch):
+    _only_this_web_process(monkeypatch)
+    m = make_model("m")
+    a = agent("a")
+    replica(m, a), replica(m, a), replica(m, a)
+    ModelState.objects.create(model=m, observed_per_replica=3)
+    assert _load_view([])[0].capacity == {m.pk: (9, 9)}
+
+
+def test_one_routed_replica_of_unknown_concurrency_makes_the_models_capacity_unknown(make_model, monkeypatch):
+    """A rolling update has moved one replica to a profile nobody benchmarked, and nothing
+    was learned: the sum would undercount, so there is no limit rather than a wrong one."""
+    _only_this_web_process(monkeypatch)
+    m = make_model("m")
+    a = agent("a")
+    replica(m, a)
+    moved = Replica.objects.create(model=m, profile=_other_profile(m.profile), agent=a, state="ready", port=20002,
+                                   cpu_cores=1, memory_mib=128)
+    _benchmark(m, m.profile, 4)
+    view, _ = _load_view([])
+    assert m.pk not in view.capacity
+    assert {e.replica_id: e.concurrency for e in view.routes[m.pk]} == {moved.pk - 1: 4, moved.pk: None}
+    _benchmark(m, moved.profile, 2)  # measured there too: known again
+    assert _load_view([])[0].capacity == {m.pk: (6, 6)}
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3])
+def test_the_live_web_processes_split_a_capacity_and_their_shares_sum_to_it(processes):
+    from fleet.live.watch import capacity_share
+
+    for total in range(processes, 40):
+        shares = [capacity_share(total, i, processes) for i in range(processes)]
+        assert sum(shares) == total and max(shares) - min(shares) <= 1, (total, shares)
+    # Fewer slots than processes: each still gets one (over-admits by design), never zero.
+    assert [capacity_share(total, i, 3) for total in (0, 1, 2) for i in range(3)] == [1] * 9
+
+
+def test_a_web_process_takes_its_share_by_its_place_among_the_live_web_processes(make_model, monkeypatch, settings):
+    from fleet.control.planes import control_plane_stall_s
+
+    settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S = 2.0
+    m = make_model("m")
+    a = agent("a")
+    replica(m, a), replica(m, a)
+    _benchmark(m, m.profile, 4)  # 8 slots
+    now = timezone.now()
+    old = now - timedelta(seconds=control_plane_stall_s() + 5)
+    web = [("web-c", 3), ("web-a", 9), ("web-b", 2)]
+    for host, pid in web:
+        ControlPlane.objects.create(host=host, role="web", pid=pid, last_seen_at=now)
+    ControlPlane.objects.create(host="web-0", role="web", pid=1, last_seen_at=old)  # stalled or gone: no share
+    ControlPlane.objects.create(host="web-0", role="worker", pid=5, last_seen_at=now)  # a worker admits nothing
+    shares = {}
+    for me in web:
+        _only_this_web_process(monkeypatch, me)
+        view, _ = _load_view([])
+        shares[me[0]] = (view.web_slot, view.capacity[m.pk])
+    assert shares == {"web-a": ((0, 3), (8, 3)), "web-b": ((1, 3), (8, 3)), "web-c": ((2, 3), (8, 2))}
+
+
+def test_a_web_process_not_registered_yet_counts_itself_as_one_more(make_model, monkeypatch):
+    m = make_model("m")
+    replica(m, agent("a"))
+    _benchmark(m, m.profile, 5)
+    ControlPlane.objects.create(host="web-a", role="web", pid=9, last_seen_at=timezone.now())
+    _only_this_web_process(monkeypatch, ("web-0", 4))  # its first refresh comes before its registration
+    view, _ = _load_view([])
+    assert view.web_slot == (0, 2) and view.capacity == {m.pk: (5, 3)}
+
+
+def test_capacity_costs_no_query_of_its_own_however_many_replicas_benchmarks_and_processes(make_model,
+                                                                                             monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _only_this_web_process(monkeypatch)
+    m = make_model("m")
+    a = agent("a")
+    replica(m, a)
+    with CaptureQueriesContext(connection) as one:
+        _load_view([])
+    for i in range(5):
+        other = make_model(f"m{i}")
+        replica(other, a), replica(other, a)
+        _benchmark(other, other.profile, 2)
+        ModelState.objects.create(model=other, observed_per_replica=1)
+        ControlPlane.objects.create(host=f"web-{i}", role="web", pid=i, last_seen_at=timezone.now())
+    with CaptureQueriesContext(connection) as many:
+        view, _ = _load_view([])
+    assert len(many.captured_queries) == len(one.captured_queries)
+    assert sum("fleet_controlplane" in q["sql"] for q in many.captured_queries) == 1  # with the listening window
+    assert sum("catalog_benchmark" in q["sql"] for q in many.captured_queries) == 1  # in the routes' query
+    assert len(view.capacity) == 5 and view.web_slot[1] == 6
+
+
+def test_a_replica_out_of_this_processs_routes_leaves_its_capacity_at_once():
+    """A refused or withdrawn replica takes its slots with it: the share of the replicas
+    still routed is what the gateway may have in flight."""
+    from fleet.live.watch import Endpoint, View, Watcher, capacities
+
+    routes = {1: (Endpoint(7, 1, "http://127.0.0.1:20007", "gpu-a", concurrency=4),
+                  Endpoint(8, 1, "http://127.0.0.1:20008", "gpu-a", concurrency=2))}
+    w = Watcher()
+    w.view = View(routes=routes, capacity=capacities(routes, (1, 2)), web_slot=(1, 2))
+    assert w.view.capacity == {1: (6, 3)}
+    w.quarantine(7, 2.0)
+    assert w.view.capacity == {1: (2, 1)}
+    w.withdraw([8], "gpu-a")
+    assert w.view.routes == {} and w.view.capacity == {}
+
+
+# --- admission queues: their depths reach the database --------------------------------------
+
+@pytest.fixture
+def queue_depths():
+    """The process's queue depths (``fleet.live.set_queued``), empty before and after."""
+    from fleet.live.watch import queued
+
+    queued.depths.clear(), queued.written.clear()
+    yield queued
+    queued.depths.clear(), queued.written.clear()
+
+
+def test_a_queue_depth_is_due_when_it_changes_and_again_every_third_of_the_load_staleness(settings):
+    from fleet.live.watch import QueueDepths
+
+    settings.LLMGW_LOAD_STALE_S = 15.0
+    q = QueueDepths()
+    q.set(1, 0)
+    assert q.due(100.0) == {}  # never written and empty: no row to write
+    q.set(1, 3), q.set(2, 1)
+    assert q.due(100.0) == {1: 3, 2: 1}
+    q.wrote({1: 3, 2: 1}, 100.0)
+    assert q.due(104.0) == {}  # unchanged, and its stamp is fresh enough
+    q.set(2, 2)
+    assert q.due(104.0) == {2: 2}  # a change goes out at once
+    q.wrote({2: 2}, 104.0)
+    assert q.due(105.0) == {1: 3}  # unchanged but 5 s old: re-stamped, so it never looks stale
+    q.wrote({1: 3}, 105.0)
+    q.set(1, 0)
+    assert q.due(105.5) == {1: 0}  # emptied: its row goes
+    q.wrote({1: 0}, 105.5)
+    assert 1 not in q.depths and 1 not in q.written and q.due(200.0) == {2: 2}
+
+
+@pytest.mark.django_db(transaction=True)  # the flush writes from a worker thread
+def test_a_depth_set_by_the_gateway_lands_in_this_processs_queue_report_at_the_next_flush(make_model, queue_depths):
+    import asyncio
+
+    from fleet import live
+    from fleet.live.watch import process_id, watcher
+    from fleet.models import QueueReport
+
+    m, other = make_model("m"), make_model("other")
+    live.set_queued(m.pk, 4)
+    live.set_queued(other.pk, 1)
+    assert not QueueReport.objects.exists()  # no I/O until the flush
+    asyncio.run(watcher.flush_usage(force=True))
+    rows = {r.model_id: (r.process, r.waiting) for r in QueueReport.objects.all()}
+    assert rows == {m.pk: (process_id(), 4), other.pk: (process_id(), 1)}
+    live.set_queued(m.pk, 2)
+    live.set_queued(other.pk, 0)
+    asyncio.run(watcher.flush_usage(force=True))
+    assert list(QueueReport.objects.values_list("model_id", "waiting")) == [(m.pk, 2)]  # the empty one went
+    assert queue_depths.depths == {m.pk: 2}

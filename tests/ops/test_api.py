@@ -390,6 +390,21 @@ def test_the_swagger_page_loads_its_assets_from_here_not_a_cdn(staff):
         assert finders.find(asset.split(settings.STATIC_URL, 1)[1]), asset
 
 
+def test_explain_shows_the_requests_queued_at_the_gateways_as_the_reconciler_counts_them(world, staff, settings):
+    from fleet.models import QueueReport
+
+    now = timezone.now()
+    QueueReport.objects.create(process="web:1", model=world["model"], waiting=3, reported_at=now)
+    QueueReport.objects.create(process="web:2", model=world["model"], waiting=2, reported_at=now)
+    QueueReport.objects.create(process="gone:3", model=world["model"], waiting=40,
+                               reported_at=now - datetime.timedelta(seconds=settings.LLMGW_LOAD_STALE_S + 1))
+    other = Model.objects.create(name="other", weights="file:/dev/null", profile=world["profile"])
+    QueueReport.objects.create(process="web:1", model=other, waiting=9, reported_at=now)
+    assert staff.get(f"/api/explain/{world['model'].name}/").json()["queued_at_gateway"] == 5
+    QueueReport.objects.filter(model=world["model"]).delete()
+    assert staff.get(f"/api/explain/{world['model'].name}/").json()["queued_at_gateway"] == 0
+
+
 def test_explain_says_what_capacity_load_scaling_learned(world, staff):
     ModelState.objects.update_or_create(model=world["model"], defaults={"observed_per_replica": 3, "extra_replicas": 1})
     info = staff.get(f"/api/explain/{world['model'].name}/").json()
