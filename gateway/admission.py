@@ -217,14 +217,17 @@ class FairQueue:
         cls.live -= 1
         self._len -= 1
         if cls.live == 0:
-            del self._classes[cls.priority]
+            self._drop(cls)
             return True
         if tenant.live == 0:
             tenant.tickets.clear()
             tenant.dead = 0
             tenant.entry = 0
             cls.stale += 1
-            self._list_idle(cls, tenant)
+            if tenant.finish <= cls.virtual:
+                del cls.tenants[tenant.name]  # no debt: it would start at V anyway
+            else:
+                self._list_idle(cls, tenant)
             if cls.stale > self._COMPACT_AFTER and cls.stale * 2 > len(cls.heap):
                 cls.heap = [e for e in cls.heap if e[3].entry == e[2]]
                 heapq.heapify(cls.heap)
@@ -257,7 +260,7 @@ class FairQueue:
         cls.live -= 1
         self._len -= 1
         if cls.live == 0:
-            del self._classes[cls.priority]
+            self._drop(cls)
             return t
         if tenant.live:
             self._schedule(cls, tenant)
@@ -266,6 +269,14 @@ class FairQueue:
             self._list_idle(cls, tenant)
         self._forget_idle(cls)
         return t
+
+    def _drop(self, cls: _Class) -> None:
+        """Forget a class that has emptied. Its tenants and heap entries point back at it:
+        cleared, so that reference counting frees them at once, not the cycle collector."""
+        del self._classes[cls.priority]
+        cls.tenants.clear()
+        cls.heap.clear()
+        cls.idle.clear()
 
     def _top_class(self) -> _Class | None:
         while self._priorities:

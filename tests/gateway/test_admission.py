@@ -198,14 +198,14 @@ def test_churn_of_pushed_and_removed_tickets_behind_a_waiting_one_stays_bounded(
     q.push(tk("high", priority=1))  # starves the class below: nothing is popped there
     waiting = tk("a")
     q.push(waiting)
-    for _ in range(10_000):
+    for i in range(10_000):
         t = tk("a")
         q.push(t)
         assert q.remove(t)
-        other = tk("b")
+        other = tk(f"passer-by-{i}")  # a tenant of one request, whose client leaves
         q.push(other)
         assert q.remove(other)
-    assert len(q) == 2 and q.backlogged(0) == {"a": 1}
+    assert len(q) == 2 and q.backlogged(0) == {"a": 1} and q.tracked_tenants(0) == 1
     assert len(q._classes[0].tenants["a"].tickets) <= 2 * FairQueue._COMPACT_AFTER
     assert len(q._classes[0].heap) <= 4 * FairQueue._COMPACT_AFTER
     assert drain(q)[1] is waiting
