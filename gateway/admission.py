@@ -84,6 +84,16 @@ class Ticket:
     _tenant: _Tenant | None = field(default=None, init=False, repr=False)
 
 
+def check(t: Ticket) -> None:
+    """Raise ValueError unless ``t`` has a finite weight > 0 and a cost ≥ 1 (a zero cost or
+    an infinite weight would keep its tenant's start tag at ``V`` for ever: the others
+    starve)."""
+    if not (t.weight > 0 and math.isfinite(t.weight)):
+        raise ValueError(f"weight must be finite and > 0, got {t.weight!r}")
+    if t.cost < 1:
+        raise ValueError(f"cost must be ≥ 1 token, got {t.cost!r}")
+
+
 def ticket(priority: int, tenant: str, weight: float, cost: int, payload: Any = None) -> Ticket:
     """A :class:`Ticket` with this process's next arrival number."""
     return Ticket(priority, tenant, weight, cost, next(_seqs), payload)
@@ -181,13 +191,10 @@ class FairQueue:
 
     def push(self, t: Ticket) -> None:
         """Queue ``t`` behind its tenant's others. Raises ValueError for a ticket already
-        queued, a weight ≤ 0 or a cost < 1."""
+        queued or one that :func:`check` refuses."""
         if t._tenant is not None:
             raise ValueError("ticket is already queued")
-        if not t.weight > 0:
-            raise ValueError(f"weight must be > 0, got {t.weight!r}")
-        if t.cost < 1:
-            raise ValueError(f"cost must be ≥ 1 token, got {t.cost!r}")
+        check(t)
         cls = self._classes.get(t.priority)
         if cls is None:
             cls = self._classes[t.priority] = _Class(self, t.priority)
@@ -356,9 +363,10 @@ class Gate:
     """Admission of one model's requests in this process: at most ``capacity`` at once,
     the rest waiting in a :class:`FairQueue`.
 
-    Bound to the event loop of its first :meth:`admit` (futures and timers are). ``on_depth``
-    is called with the queue's depth (tickets) after every change of it; an exception it
-    raises is logged, never lets a slot leak."""
+    Bound to the event loop of its first :meth:`admit` (futures and timers are); not
+    thread-safe: :meth:`resize` too is called from that loop (the watcher's view changes
+    arrive there). ``on_depth`` is called with the queue's depth (tickets) after every
+    change of it; an exception it raises is logged, never lets a slot leak."""
 
     def __init__(self, on_depth: Callable[[int], None] | None = None) -> None:
         self._queue = FairQueue()
@@ -408,7 +416,9 @@ class Gate:
         capacity and nobody waits; else ``t`` waits in the queue for up to ``wait_s``
         seconds and raises :class:`QueueTimeout` after leaving it. Cancelled while waiting:
         ``t`` leaves the queue, and a slot granted in that same moment goes to the next.
-        The slot is released when the body ends, normally or by an exception."""
+        The slot is released when the body ends, normally or by an exception. ValueError
+        for a ticket that :func:`check` refuses, RuntimeError on another event loop."""
+        check(t)
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = weakref.ref(loop)

@@ -219,6 +219,8 @@ def test_bad_tickets_are_refused():
         q.push(t)
     with pytest.raises(ValueError, match="weight"):
         q.push(tk("a", weight=0))
+    with pytest.raises(ValueError, match="weight"):
+        q.push(tk("a", weight=float("inf")))
     with pytest.raises(ValueError, match="cost"):
         q.push(tk("a", cost=0))
     assert len(q) == 1
@@ -600,6 +602,14 @@ async def test_waiters_cancelled_and_timed_out_at_random_leak_no_slot():
     assert all(r is None or isinstance(r, (asyncio.CancelledError, QueueTimeout)) for r in results)
     assert admitted >= results.count(None) > 0
     assert gate.running == 0 and gate.depth() == 0
+
+
+async def test_a_gate_refuses_a_bad_ticket_even_with_room_to_spare():
+    gate = Gate()
+    with pytest.raises(ValueError, match="cost"):
+        async with gate.admit(tk("a", cost=0), None, wait_s=1):
+            pytest.fail("admitted a ticket the queue would refuse")
+    assert gate.running == 0
 
 
 async def test_a_gate_answers_only_on_its_own_event_loop():
