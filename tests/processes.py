@@ -1,8 +1,10 @@
-"""Helpers for tests that run real processes: free ports, waiting for a port, and a
-process handle that is always stopped (SIGTERM, then SIGKILL)."""
+"""Helpers for tests that run real processes: free ports, waiting for a port, a request
+whose client hangs up when the test says, and a process handle that is always stopped
+(SIGTERM, then SIGKILL)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -32,6 +34,18 @@ def wait_for_port(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | N
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {port} after {timeout_s} s")
+
+
+def open_request(port: int, path: str, body: dict, key: str | None = None) -> socket.socket:
+    """POST ``body`` (JSON) to ``path`` on 127.0.0.1:``port`` from a raw socket and return
+    it unread: the test closes it to hang up at the moment it chooses (once the engine
+    has the request, say), not after a client timeout that a busy machine may outrun."""
+    data = json.dumps(body).encode()
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
 
 
 def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition"):

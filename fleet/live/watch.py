@@ -502,14 +502,22 @@ class Watcher:
 
     # -- waiting ---------------------------------------------------------------------------
     async def wait_for_refresh(self, timeout_s: float) -> bool:
-        """Wait until the next refresh lands (True) or ``timeout_s`` passes (False)."""
+        """Wait until the next refresh lands (True) or ``timeout_s`` passes (False).
+
+        A cancellation always raises ``CancelledError``, even one that comes while a refresh
+        is waking the waiter (a held request's client hanging up, every 20 ms a chance while
+        requests are held): ``asyncio.timeout``, not ``asyncio.wait_for``, which on Python
+        3.11 then returns the refresh and drops the cancellation (CPython gh-86296, fixed in
+        3.12): the request stayed held until its replica was ready and was never recorded
+        499."""
         self.ensure_started()
         assert self._changed is not None
         event = self._changed
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def refresh_now(self) -> View:

@@ -568,3 +568,53 @@ def test_a_depth_set_by_the_gateway_lands_in_this_processs_queue_report_at_the_n
     asyncio.run(watcher.flush_usage(force=True))
     assert list(QueueReport.objects.values_list("model_id", "waiting")) == [(m.pk, 2)]  # the empty one went
     assert queue_depths.depths == {m.pk: 2}
+
+
+# --- waiting for a refresh: what a held request sleeps on --------------------------------------
+
+def _idle_watcher():
+    """A watcher whose loop does nothing (no database), routing replica 5 of model 1."""
+    import asyncio
+
+    from fleet.live.watch import Endpoint, View, Watcher
+
+    w = Watcher()
+    w._run = lambda: asyncio.sleep(3600)
+    w.view = View(routes={1: (Endpoint(5, 1, "http://127.0.0.1:1", "a"),)})
+    return w
+
+
+async def test_a_wait_cancelled_while_a_refresh_wakes_it_is_cancelled_not_woken():
+    """Django cancels a held request whose client hung up; a cancel that came while a
+    refresh was waking the request (Python 3.11's ``asyncio.wait_for``, CPython gh-86296)
+    was dropped: the request stayed held until its replica was ready, never recorded 499."""
+    import asyncio
+
+    cancelled = 0
+    for steps in range(4):  # the cancel comes 0, 1, 2, 3 loop steps after the wake-up
+        w = _idle_watcher()
+        waiting = asyncio.create_task(w.wait_for_refresh(60))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        w.quarantine(5, 1.0)  # the view changes: every waiter wakes
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if waiting.cancel():
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            cancelled += 1
+        else:  # woken before the cancel came
+            assert waiting.result() is True
+        w._task.cancel()
+        await asyncio.gather(w._task, return_exceptions=True)
+    assert cancelled >= 1  # the cancel that raced the wake-up was asked at least once
+
+
+async def test_a_wait_with_no_refresh_ends_false_at_its_timeout():
+    import asyncio
+
+    w = _idle_watcher()
+    assert await w.wait_for_refresh(0.01) is False
+    w._task.cancel()
+    await asyncio.gather(w._task, return_exceptions=True)
