@@ -10,8 +10,10 @@ import time
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from catalog.models import ClusterSettings
+from fleet.models import Agent
 from gateway.models import ApiKey
 from tests.pg import private_redis
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
@@ -42,10 +44,6 @@ def cluster(django_db_setup, redis_server, tmp_path_factory):
         proc.stop()
 
 
-def url(web) -> str:
-    return f"http://127.0.0.1:{web.proc.args[web.proc.args.index('--port') + 1]}" if "--port" in web.proc.args else ""
-
-
 @pytest.fixture
 def routed(cluster, make_model):
     model = make_model("shared")
@@ -55,6 +53,15 @@ def routed(cluster, make_model):
     for base in bases:
         wait_until(lambda: routed_to(post(base, probe), replica), timeout_s=60, what="routed")
     return bases
+
+
+def alive(bases: list[str]) -> None:
+    """The test's agent was heard from just now, and every web process routes again (a wait
+    for a minute window is longer than an agent may stay silent)."""
+    Agent.objects.filter(name="local").update(last_seen_at=timezone.now())
+    probe = ApiKey.create_key("alive")[1]
+    for base in bases:
+        wait_until(lambda: post(base, probe).status_code == 200, timeout_s=30, what="routed again")
 
 
 def web_url(web) -> str:
@@ -72,6 +79,7 @@ def post(base: str, key: str) -> httpx.Response:
 
 def test_two_web_processes_racing_over_one_limit_admit_exactly_the_limit(cluster, routed):
     wait_until(lambda: time.time() % 60 < 30, timeout_s=40, interval_s=0.5)  # one minute window
+    alive(routed)
     _, key = ApiKey.create_key("raced", requests_per_minute=25)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda i: post(routed[i % 2], key), range(60)))
@@ -82,6 +90,7 @@ def test_two_web_processes_racing_over_one_limit_admit_exactly_the_limit(cluster
 
 
 def test_redis_stopped_mid_run_follows_the_cluster_setting_and_is_logged_once(cluster, routed, redis_server):
+    alive(routed)
     _, key = ApiKey.create_key("outage", requests_per_minute=1000)
     base = routed[0]
     ok = post(base, key)
