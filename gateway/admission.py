@@ -418,6 +418,16 @@ class Gate:
         ``t`` leaves the queue, and a slot granted in that same moment goes to the next.
         The slot is released when the body ends, normally or by an exception. ValueError
         for a ticket that :func:`check` refuses, RuntimeError on another event loop."""
+        release, waited_s = await self.acquire(t, capacity, wait_s)
+        try:
+            yield waited_s
+        finally:
+            release()
+
+    async def acquire(self, t: Ticket, capacity: int | None, wait_s: float) -> tuple[Callable[[], None], float]:
+        """:meth:`admit` for a slot that outlives the calling coroutine (a streamed answer
+        ends after the view returned): returns the slot's release (call it once; later calls
+        do nothing) and the seconds waited. Raises as :meth:`admit`."""
         check(t)
         loop = asyncio.get_running_loop()
         if self._loop is None:
@@ -432,10 +442,15 @@ class Gate:
         else:
             await self._wait(t, wait_s, loop, started)
             admitted = loop.time()
-        try:
-            yield admitted - started
-        finally:
-            self._release(loop.time() - admitted)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._release(loop.time() - admitted)
+
+        return release, admitted - started
 
     async def _wait(self, t: Ticket, wait_s: float, loop: asyncio.AbstractEventLoop, started: float) -> None:
         if wait_s <= 0:
@@ -531,6 +546,11 @@ def set_depth_listener(listener: Callable[[int, int], None] | None) -> None:
     demand); for gates made from now on. Register it in an ``AppConfig.ready()``."""
     global _depth_listener
     _depth_listener = listener
+
+
+def gates() -> dict[int, Gate]:
+    """The running event loop's gates by model id (RuntimeError outside a coroutine)."""
+    return _gates.get(asyncio.get_running_loop(), {})
 
 
 def gate_for(model_id: int) -> Gate:

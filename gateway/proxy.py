@@ -36,7 +36,7 @@ from django.utils import timezone
 from catalog.models import NAME_RE, Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus
-from gateway import assembly, cache, calls, endpoints, held, metrics, tenants, validation
+from gateway import assembly, cache, calls, endpoints, held, metrics, queueing, tenants, validation
 from gateway.auth import authenticate, forbidden
 from gateway.bodies import (asks_usage, body_limit_error, context_problem, parse_body, requested_tokens,
                             token_bound, upstream_body)
@@ -60,11 +60,25 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     try:
         response = await _serve(request, path, ex)
     except BaseException:
-        if ex.admitted is not None and not ex.recorded:
-            ex.finish(499)  # settle: the counters must not keep a request that is gone
+        if (ex.admitted is not None or ex.on_finish) and not ex.recorded:
+            ex.finish(499)  # settle: the counters and the queue must not keep a request that is gone
         raise
     for name, value in ex.rate_headers.items():
         response[name] = value
+    if not ex.recorded:
+        # A streamed answer ends in its generator; one the server closes unread (the client
+        # left first) ends here. Django closes responses from a worker thread: the end runs
+        # on the event loop, where the queue's gates live.
+        loop = asyncio.get_running_loop()
+
+        def closed() -> None:
+            if not ex.recorded:
+                try:
+                    loop.call_soon_threadsafe(ex.finish, 499)
+                except RuntimeError:  # the loop is gone (shutdown): nothing left to release
+                    pass
+
+        response._resource_closers.append(closed)
     return response
 
 
@@ -122,8 +136,11 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
     if served_here and ex.stream and body.get("echo") is True and not traits.echoes_in_streams:
         return ex.answer(openai_error(400, f"The engine serving '{model.name}' cannot echo the prompt in a stream: "
                                            "use echo with stream false.", code="unsupported_value", param="echo"))
-    ex.admitted, ex.rate_headers, refused = await tenants.admit(ex.caller.tenancy, model, path, body,
-                                                                len(request.body))
+    tenancy = ex.caller.tenancy
+    priority = queueing.priority_of(request, tenancy)
+    if isinstance(priority, HttpResponse):
+        return ex.answer(priority)
+    ex.admitted, ex.rate_headers, refused = await tenants.admit(tenancy, model, path, body, len(request.body))
     if refused is not None:
         return ex.answer(refused)
     content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens,
@@ -148,6 +165,11 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
         return await relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     default_max_tokens = model.default_max_tokens
     try:
+        cost = ex.admitted.reserved if ex.admitted is not None else tenants.reservation(
+            path, body, len(request.body), model)
+        full = await queueing.wait_for_slot(model, ex, tenancy, priority, cost)
+        if full is not None:
+            return ex.answer(full)
         found = await _find_replica(model)
         if served_here and traits.tokenize_path and not traits.streams_usage:
             counted = await _count_prompt(model, path, body, found, ex)

@@ -273,6 +273,11 @@ LLMGW_LEADER_RENEW_S = env_duration_s("LEADER_RENEW", 1.0)
 #: finish for this long, then kills what is left of its task cluster and exits.
 LLMGW_WORKER_STOP_GRACE_S = env_duration_s("WORKER_STOP_GRACE", 10.0)
 LLMGW_USAGE_FLUSH_INTERVAL_S = env_duration_s("USAGE_FLUSH_INTERVAL", 1.0)
+#: ``LLMGW_ADMISSION_ORDER``: ``fair`` (priority, then a weighted fair share across teams)
+#: or ``fifo`` (arrival order: the baseline bench/tenants.py measures against).
+LLMGW_ADMISSION_ORDER = env_str("ADMISSION_ORDER", "fair")
+if LLMGW_ADMISSION_ORDER not in ("fair", "fifo"):
+    raise ValueError(f"LLMGW_ADMISSION_ORDER must be fair or fifo, not {LLMGW_ADMISSION_ORDER!r}")
 LLMGW_USAGE_REPORT_FRESH_S = env_duration_s("USAGE_REPORT_FRESH", 10.0)
 LLMGW_DRAIN_GRACE_S = env_duration_s("DRAIN_GRACE", 30.0)
 LLMGW_UPSTREAM_CONNECT_TIMEOUT_S = env_duration_s("UPSTREAM_CONNECT_TIMEOUT", 5.0)
