@@ -6,9 +6,11 @@ Order of answers: 413 / 408 (body too large or too slow: ``llmgw.limits``, befor
 (JSON, invalid Unicode, ``model``: ``gateway.bodies``), 503 ``system_stopped``, 404
 ``model_not_found``, 403 (key not allowed for the model), 404 ``unknown_url`` (the model
 does not serve that endpoint, naming those it does), 400 (OpenAI's rules and the model's
-limits, and what its engine would ignore: ``gateway.validation``), then the upstream's
-answer, mapped (``gateway.relay``), 502 for a replica that cannot be reached, 503 for a
-model with no replica (with the planner's reason) or still loading.
+limits, and what its engine would ignore: ``gateway.validation``; a bad
+``X-Llmgw-Priority``), 429 / 503 (the key's and team's limits, ``gateway.tenants``), 429
+``model_at_capacity`` (a wait in the admission queue that ran out, ``gateway.queueing``),
+then the upstream's answer, mapped (``gateway.relay``), 502 for a replica that cannot be
+reached, 503 for a model with no replica (with the planner's reason) or still loading.
 
 An external model, or an engine that answers as OpenAI does, gets the request as the client
 wrote it and its answer is relayed (``gateway.calls.forward``); for an engine that does not
