@@ -167,9 +167,9 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
         return await relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     default_max_tokens = model.default_max_tokens
     try:
-        cost = ex.admitted.reserved if ex.admitted is not None else tenants.reservation(
-            path, body, len(request.body), model)
-        full = await queueing.wait_for_slot(model, ex, tenancy, priority, cost)
+        full = await queueing.wait_for_slot(model, ex, tenancy, priority, lambda: (
+            ex.admitted.reserved if ex.admitted is not None else tenants.reservation(
+                path, body, len(request.body), model)))
         if full is not None:
             return ex.answer(full)
         found = await _find_replica(model)

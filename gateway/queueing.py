@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -52,14 +53,16 @@ def priority_name(value: int) -> str:
     return Priority(value).label
 
 
-async def wait_for_slot(model, ex, tenancy: Tenancy, priority: int, cost: int) -> HttpResponse | None:
+async def wait_for_slot(model, ex, tenancy: Tenancy, priority: int, cost_of: Callable[[], int]) -> HttpResponse | None:
     """Wait for a slot of ``model`` in this process (none to wait for when its capacity is
-    unknown); the slot is released when the request ends (``ex.on_finish``). Returns the
-    429 for a wait that ran out, else None. Raises CancelledError when the client leaves
-    meanwhile (its ticket has left the queue)."""
+    unknown); the slot is released when the request ends (``ex.on_finish``). ``cost_of``
+    gives the request's tokens (its fair-share cost; asked only when there is a queue).
+    Returns the 429 for a wait that ran out, else None. Raises CancelledError when the
+    client leaves meanwhile (its ticket has left the queue)."""
     capacity = live.capacity(model.id)
     if capacity is None:
         return None
+    cost = cost_of()
     if settings.LLMGW_ADMISSION_ORDER == "fifo":
         ticket = admission.ticket(Priority.NORMAL, "*", 1.0, max(1, cost))
     else:
