@@ -137,8 +137,13 @@ class LocalCounters:
                     del self._slots[key]
 
     async def peek(self, keys: Sequence[str]) -> list[int | None]:
+        return self.peek_now(keys)
+
+    def peek_now(self, keys: Sequence[str]) -> list[int | None]:
+        """:meth:`peek` without a coroutine: each counter's value (a concurrency counter's
+        running requests), None for a counter this process does not have."""
         now = self.clock()
-        out = []
+        out: list[int | None] = []
         for key in keys:
             if key.startswith("c:"):
                 out.append(len(self._slots.get(key, ())))
