@@ -180,7 +180,7 @@ class ModelBudget(models.Model):
         ]
 
     #: Why a budget row with neither limit is refused (admin, REST).
-    EMPTY = "Give a token budget per day, per month or both (or remove this model's row)."
+    EMPTY = "Give a token budget per day, per month or both (or remove the row)."
 
     def __str__(self) -> str:
         return f"budget of {self.team or self.key} for {self.model}"
