@@ -417,7 +417,7 @@ def test_prefixes_stored_by_the_old_rule_are_recomputed_so_those_tokens_still_wo
     from django.apps import apps
 
     from llmgw import tokens
-    from gateway.models import ApiKey, Team
+    from gateway.models import ApiKey
 
     def old_rule(token):
         head, _, tail = token.rpartition("-")
