@@ -15,7 +15,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def no_live_counters():
+def no_live_counters(settings):
+    settings.REDIS_URL = ""
     tenants.use_backend(None)
     yield
     tenants.use_backend(None)

@@ -15,10 +15,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def api(django_user_model):
+def api(django_user_model, settings):
     grant_every_llmgw_permission(django_user_model.objects.create_user("ops", password="pw", is_staff=True))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=basic("ops", "pw"))
+    settings.REDIS_URL = ""  # embedded mode, as the usage source asserted below
     tenants.use_backend(None)
     yield client
     tenants.use_backend(None)

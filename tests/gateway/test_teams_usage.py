@@ -4,14 +4,18 @@ gateway's own counter names, from this process's counters, Redis, or the usage r
 from __future__ import annotations
 
 import datetime
+import shutil
+import subprocess
 import time
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import override_settings
 
 from gateway import cache, quotas, tenant_usage, tenants
 from gateway.counters import LocalCounters, RedisCounters
 from gateway.models import ApiKey, ModelBudget, Team, UsageRecord
+from tests.processes import free_port, wait_for_port
 
 pytestmark = pytest.mark.django_db
 
@@ -24,10 +28,29 @@ def at(seconds_before: float) -> datetime.datetime:
 
 
 @pytest.fixture
-def no_live_counters():
+def no_live_counters(settings):
+    """Embedded mode, and a process that has admitted nothing (the CI's Redis pass too)."""
+    settings.REDIS_URL = ""
     tenants.use_backend(None)
     yield
     tenants.use_backend(None)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A Redis of this test's own."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, timeout_s=30, proc=proc)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -125,6 +148,26 @@ def test_redis_unreachable_falls_back_to_the_records_and_says_why(limited):
         found = tenant_usage.usage("key", limited["key"], NOW_S)
     assert found["source"] == "usage records" and found["note"].startswith("Redis unreachable")
     assert found["limits"]["requests_per_minute"]["used"] == 0
+
+
+def test_redis_counters_are_read_live_from_any_process(limited, redis_url, settings):
+    key, model = limited["key"], limited["model"]
+    counters = RedisCounters(redis_url, "usage-test", clock=lambda: NOW_S)
+    settings.REDIS_URL = redis_url
+    tenants.use_backend(counters)
+    checks = quotas.checks(cached_tenancy(key), model.pk, model.name, 50, NOW_S)
+    for check in checks:
+        if check.is_budget:
+            async_to_sync(counters.seed)(check.key, 0, 3600)
+    assert async_to_sync(counters.admit)(checks, "m1").admitted
+    found = tenant_usage.usage("key", key, NOW_S)
+    assert found["source"] == "redis" and "note" not in found
+    assert found["limits"]["requests_per_minute"]["used"] == 1
+    assert found["limits"]["tokens_per_minute"]["used"] == 50
+    assert found["limits"]["max_concurrent_requests"]["used"] == 1
+    assert found["model_budgets"]["chat"]["tokens_per_day"]["remaining"] == 450
+    async_to_sync(counters.settle)([], [(c.key, "m1") for c in checks if c.kind == quotas.CONCURRENCY])
+    assert tenant_usage.usage("key", key, NOW_S)["limits"]["max_concurrent_requests"]["used"] == 0
 
 
 def test_a_kind_that_is_neither_key_nor_team_is_refused(limited):

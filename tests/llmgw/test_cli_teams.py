@@ -16,8 +16,9 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def no_live_counters():
+def no_live_counters(settings):
     """A CLI process in embedded mode: no counters of its own."""
+    settings.REDIS_URL = ""
     tenants.use_backend(None)
     yield
     tenants.use_backend(None)
