@@ -290,7 +290,8 @@ class ClusterSettingsAdmin(admin.ModelAdmin):
     live: stopping frees every GPU); the ``stop_cluster``/``start_cluster`` callables are
     injected by ``fleet`` (catalog imports nothing from it)."""
 
-    list_display = ("__str__", "stopped", "time_zone", "default_idle_timeout_s", "cold_start_timeout_s")
+    list_display = ("__str__", "stopped", "time_zone", "default_idle_timeout_s", "cold_start_timeout_s",
+                    "rate_limits_without_redis", "admission_wait_s")
     readonly_fields = ("stopped", "stopped_at", "stopped_by")
     change_form_template = "admin/catalog/clustersettings/change_form.html"
     stop_cluster = None

@@ -5,27 +5,149 @@ from django.contrib import admin
 from django.db.models import Count, Sum
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from catalog.admin import SecretFieldsAdminMixin
+from gateway import tenant_usage
 from gateway.api import expiry_denial
-from gateway.models import ApiKey, UsageRecord
+from gateway.models import LIMIT_FIELDS, ApiKey, ModelBudget, Team, UsageRecord
 from llmgw import tokens
 from llmgw.permissions import Act, can
 from llmgw.shown_once import shown_once_response
 
 
+_LIMITS_HELP = ("Empty: no limit. The stricter of a key's and its team's limits applies; minutes are fixed "
+                "60 s windows, days and months UTC calendar days and months.")
+
+
+def usage_panel(kind: str, obj) -> str:
+    """The change page's "usage now": a table of each limit's use (``tenant_usage.usage``)."""
+    if obj is None or obj.pk is None:
+        return "—"
+    found = tenant_usage.usage(kind, obj)
+    rows = [(name.replace("_", " "), "", entry) for name, entry in found["limits"].items()]
+    rows += [(name.replace("_", " "), model, entry) for model, budgets in found["model_budgets"].items()
+             for name, entry in budgets.items()]
+    if not rows:
+        return "No limits."
+    body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        (name, model or "every model", "—" if e["used"] is None else f"{e['used']:,}", f"{e['limit']:,}",
+         tenant_usage.CONCURRENCY_ELSEWHERE if e["remaining"] is None else f"{e['remaining']:,}",
+         e["resets_at"] or "—") for name, model, e in rows))
+    note = f" — {found['note']}" if found.get("note") else ""
+    return format_html('<table class="tenant-usage"><thead><tr><th>limit</th><th>model</th><th>used</th>'
+                       "<th>of</th><th>remaining</th><th>resets at (UTC)</th></tr></thead><tbody>{}</tbody></table>"
+                       "<p>Source: {}{}</p>", body, found["source"], note)
+
+
+class BudgetInline(admin.TabularInline):
+    """Budgets for single models, edited with their owner: they are part of it (changing a
+    key's budgets is changing the key), so the owner's permissions apply."""
+
+    model = ModelBudget
+    fields = ("model", "tokens_per_day", "tokens_per_month")
+    extra = 0
+    owner_model = ""
+
+    def _owner_perm(self, request, what: str) -> bool:
+        return request.user.has_perm(f"gateway.{what}_{self.owner_model}")
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return self._owner_perm(request, "view") or self._owner_perm(request, "change")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return self._owner_perm(request, "change")
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return self._owner_perm(request, "change")
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return self._owner_perm(request, "change")
+
+
+class TeamBudgetInline(BudgetInline):
+    fk_name = "team"
+    owner_model = "team"
+    verbose_name = verbose_name_plural = "token budgets for single models"
+
+
+class KeyBudgetInline(BudgetInline):
+    fk_name = "key"
+    owner_model = "apikey"
+    verbose_name = verbose_name_plural = "token budgets for single models"
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    """Teams: keys sharing limits, a priority class and a fair-share weight; the change page
+    shows where the team stands now."""
+
+    list_display = ("name", "priority", "weight", "members", "limits", "created_at")
+    list_filter = ("priority",)
+    search_fields = ("name",)
+    readonly_fields = ("usage_now", "created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("name", "priority", "weight")}),
+        ("Limits", {"fields": LIMIT_FIELDS, "description": _LIMITS_HELP}),
+        ("Usage now", {"fields": ("usage_now",)}),
+        ("Dates", {"fields": ("created_at", "updated_at")}),
+    )
+    inlines = [TeamBudgetInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(members_count=Count("keys"))
+
+    @admin.display(description="members", ordering="members_count")
+    def members(self, obj: Team) -> int:
+        return obj.members_count
+
+    @admin.display(description="limits")
+    def limits(self, obj: Team) -> str:
+        return tenant_usage.limits_text(obj.limit_fields())
+
+    @admin.display(description="usage now")
+    def usage_now(self, obj: Team) -> str:
+        return usage_panel("team", obj)
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
     """Keys are created here like anywhere else; the clear key is shown once, on the page
-    answering the save of a new one (never in a message: those travel in a cookie)."""
+    answering the save of a new one (never in a message: those travel in a cookie). Its
+    team, priority, limits and model budgets (on the change page) are part of the key."""
 
-    list_display = ("name", "prefix", "state", "models_allowed", "expires_at", "revoked_at", "created_at")
-    list_filter = ("revoked_at",)
+    list_display = ("name", "prefix", "state", "team", "priority", "limits", "models_allowed", "expires_at",
+                    "revoked_at", "created_at")
+    list_filter = ("revoked_at", "team", "priority")
+    list_select_related = ("team",)
     search_fields = ("name", "prefix")
     secret_fields = ("sha256",)
-    readonly_fields = ("prefix", "revoked_at", "created_at")
+    readonly_fields = ("prefix", "revoked_at", "created_at", "usage_now")
     filter_horizontal = ("allowed_models",)
     actions = ["revoke"]
+    fieldsets = (
+        (None, {"fields": ("name", "prefix", "allowed_models", "expires_at", "revoked_at", "created_at")}),
+        ("Team and priority", {"fields": ("team", "priority")}),
+        ("Limits", {"fields": LIMIT_FIELDS, "description": _LIMITS_HELP}),
+        ("Usage now", {"fields": ("usage_now",)}),
+    )
+
+    def get_inlines(self, request, obj):
+        # A new key's page answers with its clear key: budgets are added on its change page.
+        return [KeyBudgetInline] if obj is not None else []
+
+    def get_fieldsets(self, request, obj=None):
+        if obj is None:
+            return [fs for fs in self.fieldsets if fs[0] != "Usage now"]
+        return self.fieldsets
+
+    @admin.display(description="limits")
+    def limits(self, obj: ApiKey) -> str:
+        return tenant_usage.limits_text(obj.limit_fields())
+
+    @admin.display(description="usage now")
+    def usage_now(self, obj: ApiKey) -> str:
+        return usage_panel("key", obj)
 
     def has_add_permission(self, request) -> bool:
         return can(request.user, Act.CREATE_KEY)

@@ -137,9 +137,33 @@ def tenancy(key_id: int, key_name: str, key_uid: str, key_limits: tuple, key_pri
                    key_priority if key_priority is not None else team_priority)
 
 
+def key_uid(key_id: int, prefix: str) -> str:
+    """What names a key's counters (``quotas.Subject.uid``): its id and prefix."""
+    return f"{key_id}.{prefix}"
+
+
+def team_uid(team_id: int, created_at) -> str:
+    """What names a team's counters (``quotas.Subject.uid``): its id and creation time, so a
+    team made later with a deleted one's id starts from zero."""
+    return f"{team_id}-{created_at.timestamp():.6f}"
+
+
+def team_row(team: Team) -> tuple:
+    """A team as :func:`tenancy` takes it: ``(id, name, limits, priority, weight, uid)``."""
+    return (team.pk, team.name, tuple(team.limit_fields().values()), team.priority, team.weight,
+            team_uid(team.pk, team.created_at))
+
+
+def budgets_of(rows) -> dict[int, tuple[int | None, int | None]]:
+    """One owner's model budgets as :func:`tenancy` takes them, from ``ModelBudget`` rows:
+    model id → (tokens per day, tokens per month); rows with neither are left out."""
+    return {b.model_id: (b.tokens_per_day, b.tokens_per_month) for b in rows
+            if b.tokens_per_day is not None or b.tokens_per_month is not None}
+
+
 def load_teams() -> tuple[dict[int, tuple], dict[int, dict], dict[int, dict]]:
     """Teams as ``tenancy`` takes them, and the model budgets by team and by key (two queries)."""
-    teams = {row[0]: (row[0], row[1], tuple(row[2:7]), row[7], row[8], f"{row[0]}-{row[9].timestamp():.6f}")
+    teams = {row[0]: (row[0], row[1], tuple(row[2:7]), row[7], row[8], team_uid(row[0], row[9]))
              for row in Team.objects.values_list("id", "name", *LIMIT_FIELDS, "priority", "weight", "created_at")}
     by_team, by_key = _budgets(ModelBudget.objects.values_list(
         "team_id", "key_id", "model_id", "tokens_per_day", "tokens_per_month"))
@@ -162,7 +186,7 @@ def load() -> dict[str, Any]:
             key_id, name, prefix, sha256, revoked_at is not None, expires_at,
             None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None,
             team_id if team else None,
-            tenancy(key_id, name, f"{key_id}.{prefix}", tuple(row[8:]), priority, team, key_budgets.get(key_id),
+            tenancy(key_id, name, key_uid(key_id, prefix), tuple(row[8:]), priority, team, key_budgets.get(key_id),
                     team_budgets.get(team_id))))
     by_alias: dict[str, CachedModel] = {}
     by_name: dict[str, CachedModel] = {}

@@ -139,13 +139,21 @@ class LocalCounters:
                     del self._slots[key]
 
     async def peek(self, keys: Sequence[str]) -> list[int | None]:
+        return self.peek_now(keys)
+
+    def peek_now(self, keys: Sequence[str]) -> list[int | None]:
+        """:meth:`peek` without a coroutine: each counter's value (a concurrency counter's
+        running requests), None for a counter this process does not have (or has let
+        expire). Changes nothing, so another thread (the admin's, under ASGI) may call it
+        while the event loop admits."""
         now = self.clock()
-        out = []
+        out: list[int | None] = []
         for key in keys:
             if key.startswith("c:"):
                 out.append(len(self._slots.get(key, ())))
             else:
-                out.append(self._value(key, now))
+                entry = self._values.get(key)
+                out.append(None if entry is None or entry[1] <= now else entry[0])
         return out
 
     def _sweep(self, now: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
@@ -178,8 +179,41 @@ class ModelBudget(models.Model):
             models.UniqueConstraint(fields=["key", "model"], name="budget_one_per_key_model"),
         ]
 
+    #: Why a budget row with neither limit is refused (admin, REST).
+    EMPTY = "Give a token budget per day, per month or both (or remove the row)."
+
     def __str__(self) -> str:
         return f"budget of {self.team or self.key} for {self.model}"
+
+    def clean(self) -> None:
+        if self.tokens_per_day is None and self.tokens_per_month is None:
+            raise ValidationError(self.EMPTY)
+
+    @classmethod
+    def set_for(cls, owner: "Team | ApiKey", model: Model, tokens_per_day: int | None,
+                tokens_per_month: int | None) -> "ModelBudget | None":
+        """Set ``owner``'s (a team or a key) token budget for ``model`` (tokens per UTC day
+        and month, None: no limit); with neither, remove it. Returns the budget, or None
+        when removed. The gateway applies it within one watcher refresh."""
+        owner_field = "team" if isinstance(owner, Team) else "key"
+        if tokens_per_day is None and tokens_per_month is None:
+            cls.objects.filter(**{owner_field: owner}, model=model).delete()
+            return None
+        budget, _ = cls.objects.update_or_create(
+            **{owner_field: owner}, model=model,
+            defaults={"tokens_per_day": tokens_per_day, "tokens_per_month": tokens_per_month})
+        return budget
+
+    @classmethod
+    def replace_for(cls, owner: "Team | ApiKey", budgets: list[dict]) -> None:
+        """Make ``owner``'s budgets exactly ``budgets`` (``{"model", "tokens_per_day",
+        "tokens_per_month"}`` each, one per model), in one transaction."""
+        owner_field = "team" if isinstance(owner, Team) else "key"
+        with transaction.atomic():
+            cls.objects.filter(**{owner_field: owner}).delete()
+            cls.objects.bulk_create([cls(**{owner_field: owner}, model=b["model"],
+                                         tokens_per_day=b.get("tokens_per_day"),
+                                         tokens_per_month=b.get("tokens_per_month")) for b in budgets])
 
 
 class UsageRecord(models.Model):

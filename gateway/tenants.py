@@ -58,6 +58,13 @@ def backend():
     return _backend
 
 
+def backend_in_use():
+    """This process's counters if it has made them (it admitted a request of a limited key,
+    or a test set them), else None — without making them: a process that serves no
+    ``/v1/`` (the CLI in embedded mode) has none, and its own would be empty."""
+    return _backend
+
+
 def use_backend(counters) -> None:
     """Replace this process's counters (tests; None: from the settings again)."""
     global _backend

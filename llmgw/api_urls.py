@@ -44,6 +44,7 @@ router.register("schedule-windows", catalog_api.ScheduleWindowViewSet, basename=
 router.register("agents", fleet_api.AgentViewSet, basename="agent")
 router.register("replicas", fleet_api.ReplicaViewSet, basename="replica")
 router.register("keys", gateway_api.ApiKeyViewSet, basename="apikey")
+router.register("teams", gateway_api.TeamViewSet, basename="team")
 
 urlpatterns = [
     path("cluster/", fleet_api.cluster, name="cluster"),

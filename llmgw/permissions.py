@@ -14,6 +14,11 @@ catalog.Profile, catalog.ClusterSettings, fleet.Agent, gateway.ApiKey). Creating
 too; their permission *is* the model's ``add_`` permission, so the admin's "Can add agent"
 and the API's mean the same thing.
 
+Tenants: a key's team, priority, limits and model budgets are part of the key — setting
+them needs ``gateway.change_apikey`` like any change of a key (the admin's budget inline and
+the API's ``model_budgets`` ask the key's permissions, not the budget model's); teams and
+their budgets are plain model reads and writes (``gateway.view_team`` … ``delete_team``).
+
 This module imports no app (``catalog`` may use it: it imports neither ``fleet`` nor
 ``gateway``); the permission strings name them.
 """

@@ -153,6 +153,8 @@ def cluster_status() -> dict:
         "stopped": cluster.stopped,
         "stopped_at": cluster.stopped_at.isoformat() if cluster.stopped_at else None,
         "stopped_by": cluster.stopped_by or None,
+        "admission": {"rate_limits_without_redis": cluster.rate_limits_without_redis,
+                      "admission_wait_s": cluster.admission_wait_s},
         "leader": leader_host() or None,
         "leader_process": leader_process() or None,
         "control_planes": control_planes(),

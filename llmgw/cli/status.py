@@ -24,6 +24,7 @@ def run(options, stdout, stderr) -> int:
     else:
         out.print("[bold green]serving[/]" + (f" — leader {status['leader_process']}" if status["leader_process"]
                                               else " — [bold red]no worker leads[/] (is `llmgw worker` running?)"))
+    out.print(_admission(status["admission"]))
     out.print(table("control planes", ["host", "role", "pid", "lease", "last seen"],
                     [[c["host"], c["role"], c["pid"], _lease(c), c["last_seen_at"]] for c in status["control_planes"]]))
     out.print(table("agents", ["name", "connected", "GPUs used/total", "CPU cores", "RAM MiB", "address"],
@@ -36,6 +37,14 @@ def run(options, stdout, stderr) -> int:
                     [[r["id"], r["model"], r["agent"], r["state"], r["port"], ",".join(map(str, r["gpus"])),
                       r["note"]] for r in status["replicas"]]))
     return OK
+
+
+def _admission(admission: dict) -> str:
+    """The cluster's admission settings in a line (``catalog.models.ClusterSettings``)."""
+    policy = admission["rate_limits_without_redis"]
+    without = "admitted uncounted" if policy == "open" else "refused with 503"
+    return (f"admission: a request waits up to {admission['admission_wait_s']} s in a full model's queue; "
+            f"without Redis, limited keys are {without} (rate_limits_without_redis={policy})")
 
 
 def _connected(agent: dict) -> str:

@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 
 from catalog.models import ClusterSettings, Model, Profile, ScheduleWindow
 from fleet.models import Agent, ApiToken, Gpu, ModelState, Replica
-from gateway.models import ApiKey
+from gateway.models import ApiKey, ModelBudget, Team
 from llmgw import api_urls
 from llmgw.permissions import ACTS, Act
 
@@ -126,6 +126,15 @@ ENDPOINTS = {
                                ["gateway.change_apikey"], 200),
     ("apikey-detail", "patch"): ({"pk": "key"}, lambda w: {"name": "renamed"}, ["gateway.change_apikey"], 200),
     ("apikey-revoke", "post"): ({"pk": "key"}, None, [perm(Act.REVOKE_KEY)], 200),
+    # A key's team, limits and budgets are the key's: changing them needs the change permission.
+    ("team-list", "get"): ({}, None, ["gateway.view_team"], 200),
+    ("team-list", "post"): ({}, lambda w: {"name": "ops", "requests_per_minute": 60}, ["gateway.add_team"], 201),
+    ("team-detail", "get"): ({"pk": "team"}, None, ["gateway.view_team"], 200),
+    ("team-detail", "put"): ({"pk": "team"}, lambda w: {"name": "research", "weight": 2.0,
+                                                        "model_budgets": [{"model": "lazy", "tokens_per_day": 9}]},
+                             ["gateway.change_team"], 200),
+    ("team-detail", "patch"): ({"pk": "team"}, lambda w: {"tokens_per_day": 1000}, ["gateway.change_team"], 200),
+    ("team-detail", "delete"): ({"pk": "team"}, None, ["gateway.delete_team"], 204),
 }
 
 ROUTES = api_routes()
@@ -169,15 +178,16 @@ def world(make_model, cpu_profile):
                                     cordoned=True)
     replica = Replica.objects.create(model=lazy, profile=cpu_profile, agent=agent, state="ready", port=5001,
                                      cpu_cores=1, memory_mib=128)
-    key, _ = ApiKey.create_key("ci")
+    team = Team.objects.create(name="research", requests_per_minute=100)
+    key, _ = ApiKey.create_key("ci", team=team)
     ClusterSettings.get_solo()
     return {"model": lazy, "profile": cpu_profile, "spare": spare, "window": window, "agent": agent,
-            "cordoned": cordoned, "replica": replica, "key": key}
+            "cordoned": cordoned, "replica": replica, "key": key, "team": team}
 
 
 #: Every table an endpoint could change, compared row by row before and after.
 TABLES = [Model, Profile, ScheduleWindow, ClusterSettings, Agent, Gpu, Replica, ModelState, ApiKey, ApiToken,
-          ApiKey.allowed_models.through, LogEntry]
+          ApiKey.allowed_models.through, LogEntry, Team, ModelBudget]
 
 
 def snapshot() -> dict:

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from catalog.models import ClusterSettings, Model, Profile, ScheduleWindow
 from fleet.models import Agent, Gpu, ModelState, Replica
 from fleet.control.reconciler import reconcile
-from gateway.models import ApiKey
+from gateway.models import ApiKey, Team
 from tests.processes import ROOT
 
 pytestmark = pytest.mark.django_db
@@ -71,8 +71,10 @@ def world(make_model, cpu_profile):
     Agent.objects.create(name="cpu-2", connected=True, last_seen_at=now, cpu_cores=8, memory_mib=16384)
     replica = Replica.objects.create(model=lazy, profile=cpu_profile, agent=agent, state="ready", port=5001,
                                      cpu_cores=1, memory_mib=128)
-    key, _ = ApiKey.create_key("ci")
-    return {"model": lazy, "profile": cpu_profile, "window": window, "agent": agent, "replica": replica, "key": key}
+    team = Team.objects.create(name="research", tokens_per_day=100_000)
+    key, _ = ApiKey.create_key("ci", team=team, requests_per_minute=60)
+    return {"model": lazy, "profile": cpu_profile, "window": window, "agent": agent, "replica": replica, "key": key,
+            "team": team}
 
 
 def new_model_body(profile_id: int) -> dict:
@@ -120,6 +122,11 @@ ENDPOINTS = [
     ("get", "/api/keys/{key}/", None, 200),
     ("patch", "/api/keys/{key}/", lambda w: {"name": "renamed"}, 200),
     ("post", "/api/keys/{key}/revoke/", None, 200),
+    ("get", "/api/teams/", None, 200),
+    ("post", "/api/teams/", lambda w: {"name": "ops", "priority": "high"}, 201),
+    ("get", "/api/teams/{team}/", None, 200),
+    ("patch", "/api/teams/{team}/", lambda w: {"requests_per_minute": 60}, 200),
+    ("delete", "/api/teams/{team}/", None, 204),
 ]
 
 
@@ -308,7 +315,8 @@ def test_the_schema_is_valid_openapi_and_lists_every_resource(staff):
     validate_schema(schema)
     paths = set(schema["paths"])
     for path in ("/api/models/", "/api/profiles/", "/api/schedule-windows/", "/api/agents/{id}/drain/",
-                 "/api/replicas/", "/api/cluster/stop/", "/api/explain/{name}/", "/api/keys/{id}/revoke/"):
+                 "/api/replicas/", "/api/cluster/stop/", "/api/explain/{name}/", "/api/keys/{id}/revoke/",
+                 "/api/teams/", "/api/teams/{id}/"):
         assert path in paths
     assert b"swagger" in staff.get("/api/schema/ui/").content.lower()
     assert schema["components"]["securitySchemes"]["llmgwToken"]["name"] == "Authorization"
@@ -318,7 +326,7 @@ def schemathesis_config(ids: dict[str, int], doomed: dict[str, int]) -> str:
     """Real ids for the detail routes, so generated requests reach past the 404; DELETEs get
     objects of their own, or they would pull the others' rows away early in the run."""
     routes = {"agents": "agent", "keys": "key", "models": "model", "profiles": "profile",
-              "schedule-windows": "window", "replicas": "replica"}
+              "schedule-windows": "window", "replicas": "replica", "teams": "team"}
     text = '[[operations]]\ninclude-path-regex = "^/api/explain/"\nparameters = { "name" = "lz" }\n'
     for route, name in routes.items():
         text += (f'[[operations]]\ninclude-path-regex = "^/api/{route}/"\nexclude-method = "DELETE"\n'
@@ -340,7 +348,8 @@ def test_schemathesis_finds_no_server_errors(live_server, world, make_model, dja
                                            end=datetime.time(2))
     config = tmp_path / "schemathesis.toml"
     config.write_text(schemathesis_config({name: obj.pk for name, obj in world.items()},
-                                          {"model": doomed.pk, "profile": spare.pk, "window": window.pk}))
+                                          {"model": doomed.pk, "profile": spare.pk, "window": window.pk,
+                                           "team": Team.objects.create(name="doomed").pk}))
     report = ROOT / "test-artifacts" / "schemathesis"
     report.mkdir(parents=True, exist_ok=True)
     argv = [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "--no-color", "run",

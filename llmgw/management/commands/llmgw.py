@@ -12,7 +12,7 @@ from llmgw.cli import COMMANDS
 
 
 class Command(BaseCommand):
-    help = ("Operate the llmgw cluster: up, status, stop, start, restart, service, explain, keys, bench, "
+    help = ("Operate the llmgw cluster: up, status, stop, start, restart, service, explain, keys, teams, bench, "
             "mirror, agent, agents (and more: see the list below). `llmgw COMMAND --help` for each.")
 
     def get_version(self) -> str:
