@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 
 from gateway import cache, quotas, tenants
 from gateway.counters import LocalCounters, RedisCounters
+from gateway.models import UsageRecord
 from gateway.quotas import Check, Subject, Tenancy
 
 SOURCE_REDIS, SOURCE_WEB, SOURCE_RECORDS = "redis", "web process", "usage records"
@@ -118,8 +119,6 @@ def live_counters():
 
 
 def _records_of(check: Check):
-    from gateway.models import UsageRecord
-
     rows = UsageRecord.objects.all()
     return rows.filter(key_id=check.subject.id) if check.subject.kind == "key" else rows.filter(
         team_id=check.subject.id)

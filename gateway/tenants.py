@@ -14,6 +14,7 @@ outage is logged once when it starts and once when it ends, never per request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -27,8 +28,10 @@ from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 
 from gateway import assembly, cache, quotas
+from gateway.bodies import requested_tokens
 from gateway.counters import CountersAway, LocalCounters, NeedSeed, RedisCounters, new_member
 from gateway.errors import openai_error
+from gateway.models import UsageRecord
 from gateway.quotas import Check, Tenancy
 
 log = logging.getLogger(__name__)
@@ -104,8 +107,6 @@ def reservation(path: str, body: dict, raw_size: int, model) -> int:
     prompt = estimate_prompt_tokens(path, body, raw_size)
     if assembly.kind_of(path) is None:
         return prompt
-    from gateway.bodies import requested_tokens
-
     completion = requested_tokens(body, model.default_max_tokens)
     if not completion:
         _, max_output = model.token_limits()
@@ -161,8 +162,6 @@ async def _seed(counters, checks: list[Check], missing: tuple[int, ...]) -> None
 def spent_tokens(check: Check) -> int:
     """What the usage records say the check's subject spent in its budget's period so far
     (blocking; one aggregate query). The seed of a budget counter."""
-    from gateway.models import UsageRecord
-
     since = datetime.fromtimestamp(check.period_start_s or 0, tz=timezone.utc)
     rows = UsageRecord.objects.filter(at__gte=since)
     rows = rows.filter(key_id=check.subject.id) if check.subject.kind == "key" else rows.filter(
@@ -242,8 +241,6 @@ def settle(admitted: Admitted, prompt_tokens: int | None, completion_tokens: int
     if isinstance(counters, LocalCounters):
         counters.settle_now(items, releases)
         return
-    import asyncio
-
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

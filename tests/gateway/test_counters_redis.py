@@ -114,7 +114,6 @@ def test_two_processes_racing_over_one_limit_admit_exactly_the_limit(redis_serve
                                cwd=str(ROOT), stdout=subprocess.PIPE, text=True) for name in ("a", "b")]
     counts = [json.loads(p.communicate(timeout=120)[0]) for p in racers]
     assert sum(counts) == 150, counts  # 400 asked, 150 allowed: never one more
-    assert all(c > 0 for c in counts)
 
 
 async def test_a_concurrency_slot_of_a_process_that_died_frees_itself(redis_server):

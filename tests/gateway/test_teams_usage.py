@@ -4,8 +4,6 @@ gateway's own counter names, from this process's counters, Redis, or the usage r
 from __future__ import annotations
 
 import datetime
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -15,7 +13,7 @@ from django.test import override_settings
 from gateway import cache, quotas, tenant_usage, tenants
 from gateway.counters import LocalCounters, RedisCounters
 from gateway.models import ApiKey, ModelBudget, Team, UsageRecord
-from tests.processes import free_port, wait_for_port
+from tests.pg import private_redis
 
 pytestmark = pytest.mark.django_db
 
@@ -37,20 +35,10 @@ def no_live_counters(settings):
 
 
 @pytest.fixture
-def redis_url(tmp_path):
+def redis_url():
     """A Redis of this test's own."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, timeout_s=30, proc=proc)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with private_redis() as server:
+        yield server.url
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import openai
 import pytest
 from django.utils import timezone
 
+from fleet.models import Agent
 from gateway.models import ApiKey, ModelBudget, Team, UsageRecord
 from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
 from tests.replicas import routed_to, serve
@@ -55,13 +56,24 @@ def post(servers, key: str, body: dict, headers: dict | None = None) -> httpx.Re
                       headers={"Authorization": f"Bearer {key}", **(headers or {})})
 
 
+def early_in_a_minute(servers) -> None:
+    """Wait for the first 40 s of a minute (its window must not turn while a test counts),
+    then tell the web process the test's agent is alive: the wait may be longer than an
+    agent may stay silent, and a request for a silent agent's model is a 503."""
+    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    Agent.objects.filter(name="local").update(last_seen_at=timezone.now())
+    probe = ApiKey.create_key("alive")[1]
+    for name in ("fast", "slow"):
+        wait_until(lambda n=name: post(servers, probe, {"model": n, "messages": HI, "max_tokens": 1}).status_code
+                   == 200, timeout_s=30, what=f"{name} routed again")
+
+
 def sdk(servers, key: str, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=servers["url"] + "/v1", api_key=key, timeout=60, **kw)
 
 
 def test_requests_per_minute_at_its_edge_with_headers_on_200_and_429(servers, models):
-    # A minute window must not turn while the test counts: start early in one.
-    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    early_in_a_minute(servers)  # a minute window must not turn while the test counts
     _, key = ApiKey.create_key("rpm", requests_per_minute=3)
     answers = [post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 2}) for _ in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 200, 429], [a.text for a in answers]
@@ -79,7 +91,7 @@ def test_requests_per_minute_at_its_edge_with_headers_on_200_and_429(servers, mo
 
 
 def test_tokens_per_minute_reserved_then_settled(servers, models):
-    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    early_in_a_minute(servers)
     _, key = ApiKey.create_key("tpm", tokens_per_minute=1000)
     first = post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 400})
     assert first.status_code == 200
@@ -170,7 +182,7 @@ def test_a_key_without_limits_gets_no_headers_and_no_counting(servers, models):
 
 
 def test_a_streamed_answer_carries_the_headers_and_settles_at_its_end(servers, models):
-    wait_until(lambda: time.time() % 60 < 40, timeout_s=30, interval_s=0.5)
+    early_in_a_minute(servers)
     _, key = ApiKey.create_key("streamer", tokens_per_minute=10_000, max_concurrent_requests=1)
     with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=60,
                       json={"model": "slow", "messages": HI, "max_tokens": 10, "stream": True},
