@@ -59,7 +59,7 @@ from tests.multicluster import FAULT_ENV, MultiCluster
 from tests.processes import Proc
 from tests.soak_checks import (AGENTS, COLD_START_TIMEOUT_S, CONVERGE_BOUND_S, PORT_BASE, REQUEST_BOUND_S, Answer,
                                 InvariantChecks)
-from tests.soak_os import GPU_MEMORY_ENV, engine_processes, listeners
+from tests.soak_os import GPU_MEMORY_ENV, agent_processes, engine_processes, listeners
 
 SOAK_ENV = {**FAULT_ENV, "LLMGW_GATEWAY_AUTH": "false"}
 
@@ -275,8 +275,11 @@ class Soak(InvariantChecks):
                 impostor.close()
             if self.cluster is not None:
                 self.result.logs = self.cluster.logs(tail=4000)
-                self.cluster.stop()
-                self.kill_every_engine()
+                try:
+                    self.cluster.stop()
+                finally:
+                    self.kill_every_agent()
+                    self.kill_every_engine()
         return self.result
 
     def _guard(self, fn):
@@ -290,6 +293,18 @@ class Soak(InvariantChecks):
             finally:
                 connection.close()
         return run
+
+    def kill_every_agent(self) -> None:
+        """Agents still running under the soak's directory once the cluster stopped (its
+        stop ends every agent it started) are killed, converged or not, and each is a harness
+        violation: a second agent of one name keeps engines nobody tells to stop."""
+        for pid, state_dir in agent_processes(self.log_dir).items():
+            self.violate("harness", f"agent process {pid} (state directory {state_dir.name}) still ran after the "
+                                    "cluster stopped: killed")
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # its own session (tests.processes.Proc)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     def kill_every_engine(self) -> None:
         """Engines still running under the soak's directory (orphans included) are killed."""
@@ -340,7 +355,9 @@ class Soak(InvariantChecks):
     def bring_back(self, due_only: bool) -> None:
         now = time.monotonic()
         keep = []
-        for due, what, arg in self.pending:
+        # Web processes and workers first: an agent waits to connect, which it cannot while
+        # the only web process waits behind it.
+        for due, what, arg in sorted(self.pending, key=lambda item: item[1] == "agent"):
             if due_only and due > now:
                 keep.append((due, what, arg))
                 continue
