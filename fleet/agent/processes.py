@@ -17,12 +17,17 @@ process the agent started and has not yet seen gone, one record each::
 ``started_at`` is wall-clock seconds (a restarted agent resumes the startup timeout from it);
 ``stopping`` is true once the agent began stopping it (a restarted agent finishes the stop).
 Version 1 files (a dict by replica id, from older agents) are read too.
+
+One agent process at a time uses a state directory (:func:`hold_state_dir`): a second one
+would overwrite the first's state file, and the control plane talks to one socket of an
+agent only, so the engines the other started would run on with nobody telling them to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -162,3 +167,35 @@ def read_state(path: Path) -> list[dict]:
                     records.append({**item, "replica_id": int(key), "stopping": False})
     return [r for r in records if isinstance(r, dict) and isinstance(r.get("pid"), int)
             and isinstance(r.get("spec"), dict)]
+
+
+#: The lock file in an agent's state directory (:func:`hold_state_dir`); it holds the pid.
+LOCK_FILE = "agent.lock"
+
+
+class StateDirInUse(RuntimeError):
+    """Another live agent process holds the state directory."""
+
+
+def hold_state_dir(state_dir: Path) -> int:
+    """Take ``state_dir`` (created, mode 0700, if absent) for this agent process: an exclusive
+    ``flock`` on its ``agent.lock``, which records this pid. Returns the lock's fd; the lock
+    lasts until the process exits or the fd is closed. The fd is not inherited (engines
+    never hold it) and closes on exec, so an agent re-executing itself in place takes it
+    again. Raises StateDirInUse, naming the holder's pid, while another process holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StateDirInUse(f"another agent (pid {holder}) uses the state directory {state_dir}: run one agent per "
+                            "state directory (--state-dir), or stop the other first") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

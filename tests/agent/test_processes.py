@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fleet.agent.engines import AgentConfig, EngineManager
-from fleet.agent.processes import (group_gone, process_alive, process_start_time, read_state, write_state)
+from fleet.agent.processes import (LOCK_FILE, StateDirInUse, group_gone, hold_state_dir, process_alive,
+                                   process_start_time, read_state, write_state)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,3 +87,25 @@ def test_wait_exit_wakes_when_the_process_exits_not_at_its_timeout():
         proc.kill()
         proc.wait()
     assert asyncio.run(wait_exit(proc.pid, 5)) is True  # gone (reaped): at once
+
+
+def test_a_state_directory_is_held_by_one_agent_process_at_a_time(tmp_path):
+    """A second agent on one state directory would overwrite the first's state file and keep
+    engines the control plane no longer tells it about (it talks to one socket of an agent):
+    it exits with code 2 before adopting or starting anything."""
+    state_dir = tmp_path / "agent"
+    fd = hold_state_dir(state_dir)
+    try:
+        assert not os.get_inheritable(fd)  # engines never hold it; an agent re-executing takes it again
+        assert (state_dir / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        with pytest.raises(StateDirInUse, match=rf"another agent \(pid {os.getpid()}\) uses the state directory"):
+            hold_state_dir(state_dir)
+        second = subprocess.run([sys.executable, "-m", "fleet.agent", "--server", "http://127.0.0.1:9", "--token", "t",
+                                 "--state-dir", str(state_dir)], capture_output=True, text=True, timeout=120,
+                                cwd=Path(__file__).resolve().parents[2])
+        assert second.returncode == 2, second.stderr
+        assert f"another agent (pid {os.getpid()}) uses the state directory {state_dir}" in second.stderr
+        assert not (state_dir / "engines.json").exists()  # it adopted nothing, wrote nothing
+    finally:
+        os.close(fd)
+    os.close(hold_state_dir(state_dir))  # released with its holder: the next agent takes it
