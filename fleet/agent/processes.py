@@ -113,8 +113,13 @@ def kill_group(pid: int, sig: int) -> None:
 
 def group_gone(pid: int, start_time: str | None) -> bool:
     """Whether the engine that started as ``pid`` at ``start_time`` and every process of its
-    group are gone. Linux does not reuse a number still in use as a process group, so a pid
-    now held by another process means the old group is empty."""
+    group are gone: exited, zombies included. Linux does not reuse a number still in use as
+    a process group, so a pid now held by another process means the old group is empty.
+
+    A zombie holds no memory, GPU or socket, and an adopted engine's zombie is not ours to
+    reap: after the agent was killed its engines are init's children, and init reaps when it
+    gets to it (over a second in some containers, never under a PID 1 that does not reap).
+    Waiting for that reaping held the engine's report — failed, or stopped — as long."""
     if process_alive(pid, start_time):
         return False
     now = process_start_time(pid)
@@ -126,13 +131,36 @@ def group_gone(pid: int, start_time: str | None) -> bool:
         return True
     except PermissionError:
         return True  # not ours to signal: not our engine's group
-    return False
+    return group_live_members(pid) == 0  # members left: only zombies? (unknown without /proc: not gone)
+
+
+def group_live_members(pgid: int) -> int | None:
+    """How many processes of group ``pgid`` have not exited (zombies do not count), from
+    /proc; None where /proc cannot be listed."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    live = 0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            live += 1
+    return live
 
 
 def kill_leftovers(pid: int, start_time: str | None) -> None:
-    """SIGKILL what is left of a dead engine's group (its workers), unless the pid now names
-    another process (then the old group is already empty: :func:`group_gone`)."""
-    if process_start_time(pid) is None:
+    """SIGKILL what is left of a dead engine's group (its workers): when the pid names no
+    process, or still the engine itself as a zombie nobody has reaped yet. Not when the pid
+    now names another process (then the old group is already empty: :func:`group_gone`)."""
+    now = process_start_time(pid)
+    if now is None or (now == start_time and not process_alive(pid, start_time)):
         kill_group(pid, signal.SIGKILL)
 
 
