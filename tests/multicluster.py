@@ -43,6 +43,9 @@ class AgentHandle:
     proc: Proc | None = None
     starts: int = 0
     extra: list[str] = field(default_factory=list)
+    #: Every agent process started under this name, the current one last: :meth:`MultiCluster.stop`
+    #: stops each that still runs.
+    started: list[Proc] = field(default_factory=list)
 
 
 class MultiCluster:
@@ -100,20 +103,32 @@ class MultiCluster:
         return proc
 
     # -- agents ----------------------------------------------------------------------------
-    def start_agent(self, name: str) -> Proc:
+    def start_agent(self, name: str, connect_timeout_s: float = 30.0) -> Proc:
         """Start (or bring back) agent ``name`` with its state directory: engines it left
-        running are adopted. Returns once it has connected."""
+        running are adopted. Returns once it has connected. One that has not connected within
+        ``connect_timeout_s`` (TimeoutError) or exited (AssertionError) is killed (SIGKILL, as
+        ``kill -9``: engines it adopted stay for the next one) before the error is raised, so
+        a caller that tries again never has two agents of one name, one token and one state
+        directory running: the older would keep engines that nobody tells to stop."""
         a = self.agents[name]
-        a.proc = Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", f"http://127.0.0.1:{a.link.port}",
-                       "--name", name, "--state-dir", str(a.state_dir),
-                       "--heartbeat-s", str(AGENT_HEARTBEAT_S), "--stop-grace-s", "2", "--port-range", a.ports,
-                       "--unready-fail-s", "2", "--hung-fail-s", "2", "--stop-engines-on-exit", *a.extra],
-                      self.log_dir / f"agent-{name}.log", env={**self.env, "LLMGW_AGENT_TOKEN": a.token})
+        log_path = self.log_dir / f"agent-{name}.log"
+        before = log_path.stat().st_size if log_path.exists() else 0  # earlier agents of this name log there too
+        proc = Proc([PYTHON, "manage.py", "llmgw", "agent", "--server", f"http://127.0.0.1:{a.link.port}",
+                     "--name", name, "--state-dir", str(a.state_dir),
+                     "--heartbeat-s", str(AGENT_HEARTBEAT_S), "--stop-grace-s", "2", "--port-range", a.ports,
+                     "--unready-fail-s", "2", "--hung-fail-s", "2", "--stop-engines-on-exit", *a.extra],
+                    log_path, env={**self.env, "LLMGW_AGENT_TOKEN": a.token})
+        a.proc = proc
+        a.started.append(proc)
         a.starts += 1
-        wait_until(lambda: a.proc.log().count("connected to ") >= a.starts or a.proc.proc.poll() is not None,
-                   timeout_s=30, what=f"agent {name} to connect")
-        assert a.proc.proc.poll() is None, a.proc.log()[-3000:]
-        return a.proc
+        try:
+            wait_until(lambda: b"connected to " in _read_from(log_path, before) or proc.proc.poll() is not None,
+                       timeout_s=connect_timeout_s, what=f"agent {name} to connect")
+            assert proc.proc.poll() is None, proc.log()[-3000:]
+        except BaseException:
+            proc.stop(signal.SIGKILL, timeout_s=10)
+            raise
+        return proc
 
     def kill_agent(self, name: str) -> None:
         """SIGKILL the agent alone: its engines (own process groups) keep running."""
@@ -147,10 +162,13 @@ class MultiCluster:
         return "\n".join(f"--- {p.log_path.name}\n{p.log()[-tail:]}" for p in self.procs())
 
     def stop(self) -> None:
+        """Stop every process started, agents first (each one ever started under a name,
+        not only the latest), then their orphan engines, workers and web processes."""
         for a in self.agents.values():
             a.link.resume()
-            if a.proc is not None and a.proc.proc.poll() is None:
-                a.proc.stop()
+            for proc in a.started:
+                if proc.proc.poll() is None:
+                    proc.stop()
             self._kill_orphans(a)
         for proc in [*self.workers, *self.webs]:
             if proc is not None:
@@ -158,6 +176,16 @@ class MultiCluster:
         for a in self.agents.values():
             a.link.stop()
         self.balancer.stop()
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """What ``path`` holds after its first ``offset`` bytes (b"" if it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except OSError:
+        return b""
 
 
 @dataclass

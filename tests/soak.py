@@ -20,7 +20,8 @@ Every ``CHECK_INTERVAL_S`` a checker reads the OS (tests/soak_os.py) and fails a
 * **unwanted-engine** — every engine's key (``--api-key``) is a replica row's engine key, on
   the engine's agent, in a wanted state (placing … ready); an engine that is not (row
   draining, stopping, stopped, failed, lost, on another agent, or deleted) is gone within
-  ``ORPHAN_GRACE_S``, counted while its agent runs. Two engines with one key: the same grace.
+  ``ORPHAN_GRACE_S``, counted while its agent, a web process to tell it and a worker to plan
+  (drain, stop, settle a lost replica) run. Two engines with one key: the same grace.
 * **ready-identity** — the process listening on a ready replica's port is that replica's
   engine (``READY_GRACE_S`` for the agent to report a change).
 * **routing** — a 200 names its replica (``X-Llmgw-Replica``) and the process that answered
@@ -59,9 +60,12 @@ from tests.multicluster import FAULT_ENV, MultiCluster
 from tests.processes import Proc
 from tests.soak_checks import (AGENTS, COLD_START_TIMEOUT_S, CONVERGE_BOUND_S, PORT_BASE, REQUEST_BOUND_S, Answer,
                                 InvariantChecks)
-from tests.soak_os import GPU_MEMORY_ENV, engine_processes, listeners
+from tests.soak_os import GPU_MEMORY_ENV, agent_processes, engine_processes, listeners
 
 SOAK_ENV = {**FAULT_ENV, "LLMGW_GATEWAY_AUTH": "false"}
+#: A worker killed while leading is replaced once its lease ran out and a worker renews:
+#: LLMGW_LEADER_LEASE + LLMGW_LEADER_RENEW (their defaults; fleet.control.leader).
+LEADER_TAKEOVER_S = 5.0 + 1.0
 
 
 @dataclass
@@ -207,6 +211,8 @@ class Soak(InvariantChecks):
         self.model_names: list[str] = []
         self.load_mode = "steady"  # steady | burst | silence
         self.web_down: list[list[float]] = []  # [down_at, up_at or inf]
+        #: [down_at, when its successor can lead or inf]: a worker killed (the planner's passes stop).
+        self.worker_down: list[list[float]] = []
         self.impostors: dict[int, tuple[Impostor, float]] = {}
         #: Engine key → when (monotonic) the soak killed that engine (crash_engine).
         self.crashed_at: dict[str, float] = {}
@@ -275,8 +281,11 @@ class Soak(InvariantChecks):
                 impostor.close()
             if self.cluster is not None:
                 self.result.logs = self.cluster.logs(tail=4000)
-                self.cluster.stop()
-                self.kill_every_engine()
+                try:
+                    self.cluster.stop()
+                finally:
+                    self.kill_every_agent()
+                    self.kill_every_engine()
         return self.result
 
     def _guard(self, fn):
@@ -290,6 +299,18 @@ class Soak(InvariantChecks):
             finally:
                 connection.close()
         return run
+
+    def kill_every_agent(self) -> None:
+        """Agents still running under the soak's directory once the cluster stopped (its
+        stop ends every agent it started) are killed, converged or not, and each is a harness
+        violation: a second agent of one name keeps engines nobody tells to stop."""
+        for pid, state_dir in agent_processes(self.log_dir).items():
+            self.violate("harness", f"agent process {pid} (state directory {state_dir.name}) still ran after the "
+                                    "cluster stopped: killed")
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # its own session (tests.processes.Proc)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     def kill_every_engine(self) -> None:
         """Engines still running under the soak's directory (orphans included) are killed."""
@@ -340,7 +361,9 @@ class Soak(InvariantChecks):
     def bring_back(self, due_only: bool) -> None:
         now = time.monotonic()
         keep = []
-        for due, what, arg in self.pending:
+        # Web processes and workers first: an agent waits to connect, which it cannot while
+        # the only web process waits behind it.
+        for due, what, arg in sorted(self.pending, key=lambda item: item[1] == "agent"):
             if due_only and due > now:
                 keep.append((due, what, arg))
                 continue
@@ -349,6 +372,11 @@ class Soak(InvariantChecks):
                     self.cluster.start_agent(arg)
                 elif what == "worker":
                     self.cluster.start_worker(arg)
+                    with self.lock:
+                        for window in self.worker_down:
+                            if window[1] == float("inf"):
+                                # The one killed may have led: its lease runs out first.
+                                window[1] = max(time.monotonic(), window[0] + LEADER_TAKEOVER_S)
                 elif what == "web":
                     self.cluster.start_web(arg)
                     with self.lock:
@@ -552,6 +580,8 @@ class Soak(InvariantChecks):
         i = self.rng.randrange(len(self.cluster.workers))
         if any(p[1] == "worker" and p[2] == i for p in self.pending):
             return
+        with self.lock:
+            self.worker_down.append([time.monotonic(), float("inf")])
         self.cluster.kill_worker(i)
         delay = self.rng.uniform(0.5, 5.0)
         self.op(f"kill -9 worker {i}; back in {delay:.1f} s")

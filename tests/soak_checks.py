@@ -56,7 +56,7 @@ class Answer:
 
 class InvariantChecks:
     """The checks of a soak; the Soak provides ``cluster``, ``log_dir``, ``lock``, ``t0``,
-    ``result``, ``answers``, ``web_down``, ``keys``, ``pid_keys``, ``crashed_at``, ``unwanted_since``,
+    ``result``, ``answers``, ``web_down``, ``worker_down``, ``keys``, ``pid_keys``, ``crashed_at``, ``unwanted_since``,
     ``ready_wrong_since``, ``config``, ``stop_all``, ``violate()`` and ``op()``."""
 
     @staticmethod
@@ -219,11 +219,20 @@ class InvariantChecks:
     def _web_back_at(self, now: float) -> float | None:
         """None while a web process is down (an agent may not hear what it must stop), else
         when the last one came back (-inf if none went down)."""
+        return self._back_at(self.web_down, now)
+
+    def _planner_back_at(self, now: float) -> float | None:
+        """None while a worker is down or its successor cannot lead yet (``worker_down``'s
+        windows end there: no pass drains, stops or settles a lost replica meanwhile), else
+        when the last one could lead again (-inf if none went down)."""
+        return self._back_at(self.worker_down, now)
+
+    def _back_at(self, down: list[list[float]], now: float) -> float | None:
         with self.lock:
-            windows = [tuple(w) for w in self.web_down]
-        if any(down <= now <= up for down, up in windows):
+            windows = [tuple(w) for w in down]
+        if any(start <= now <= end for start, end in windows):
             return None
-        return max((up for _, up in windows if up <= now), default=float("-inf"))
+        return max((end for _, end in windows if end <= now), default=float("-inf"))
 
     def _reconnected_at(self, now: float) -> dict[str, float]:
         """Agent name → when (monotonic) its current websocket connected, from its row's
@@ -248,6 +257,7 @@ class InvariantChecks:
 
     def check_wanted(self, engines: list[EngineProcess], rows: dict[str, dict], now: float) -> None:
         web_back = self._web_back_at(now)
+        planner_back = self._planner_back_at(now)
         reconnected = self._reconnected_at(now) if web_back not in (None, float("-inf")) else {}
         seen = set()
         by_key: dict[str, list[EngineProcess]] = {}
@@ -272,9 +282,9 @@ class InvariantChecks:
             first = self.unwanted_since.setdefault(ident, now)
             up = self.cluster.up_since.get(e.agent)
             told = None if web_back is None else self._told_since(e.agent, web_back, reconnected)
-            if up is None or told is None:
-                continue  # its agent, or its way to a web process, is down: nobody can stop it yet
-            since = max(first, up, told)
+            if up is None or told is None or planner_back is None:
+                continue  # its agent, its way to a web process, or the planner is down: nobody can stop it yet
+            since = max(first, up, told, planner_back)
             if now - since > ORPHAN_GRACE_S:
                 self.violate("unwanted-engine", f"engine {e.describe()} still runs {now - since:.1f} s after it became "
                                                 f"unwanted while agent {e.agent} ran (grace {ORPHAN_GRACE_S:.0f} s): {why}",

@@ -113,6 +113,23 @@ def engine_processes(root: Path, agents_by_dir: dict[Path, str]) -> list[EngineP
     return out
 
 
+def agent_processes(root: Path) -> dict[int, Path]:
+    """Pid → state directory of every live ``llmgw agent`` process whose ``--state-dir`` is
+    under ``root`` (the soak's own agents, whoever started them)."""
+    out: dict[int, Path] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        argv = cmdline(pid)
+        if "agent" not in argv or "--state-dir" not in argv[:-1]:
+            continue
+        state_dir = Path(argv[argv.index("--state-dir") + 1])
+        if state_dir.is_relative_to(root) and alive(pid):
+            out[pid] = state_dir
+    return out
+
+
 def listening_inodes() -> dict[int, int]:
     """TCP port → socket inode of every listening socket (IPv4 and IPv6)."""
     out: dict[int, int] = {}

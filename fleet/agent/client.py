@@ -22,6 +22,7 @@ from fleet import protocol
 from fleet.agent import VERSION
 from fleet.agent.engines import AgentConfig, EngineManager
 from fleet.agent.inventory import read_inventory
+from fleet.agent.processes import StateDirInUse, hold_state_dir
 
 log = logging.getLogger("llmgw.agent")
 
@@ -176,8 +177,18 @@ class Agent:
 
 
 def run_agent(options: ClientOptions, config: AgentConfig) -> int:
-    """Entry point used by ``manage.py llmgw agent`` and ``python -m fleet.agent``."""
+    """Entry point used by ``manage.py llmgw agent`` and ``python -m fleet.agent``. Returns
+    the exit code: 2, before anything is adopted or started, while another agent process
+    holds the state directory (:func:`fleet.agent.processes.hold_state_dir`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s agent: %(message)s")
     # Its state file, engine logs and weights (and what engines write) stay private to this user.
     os.umask(os.umask(0o077) | 0o077)
+    try:
+        hold_state_dir(config.state_dir)  # held until this process exits or re-executes
+    except StateDirInUse as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot take the state directory %s: %s", config.state_dir, exc)
+        return 2
     return asyncio.run(Agent(options, config).run())

@@ -17,12 +17,17 @@ process the agent started and has not yet seen gone, one record each::
 ``started_at`` is wall-clock seconds (a restarted agent resumes the startup timeout from it);
 ``stopping`` is true once the agent began stopping it (a restarted agent finishes the stop).
 Version 1 files (a dict by replica id, from older agents) are read too.
+
+One agent process at a time uses a state directory (:func:`hold_state_dir`): a second one
+would overwrite the first's state file, and the control plane talks to one socket of an
+agent only, so the engines the other started would run on with nobody telling them to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -108,8 +113,13 @@ def kill_group(pid: int, sig: int) -> None:
 
 def group_gone(pid: int, start_time: str | None) -> bool:
     """Whether the engine that started as ``pid`` at ``start_time`` and every process of its
-    group are gone. Linux does not reuse a number still in use as a process group, so a pid
-    now held by another process means the old group is empty."""
+    group are gone: exited, zombies included. Linux does not reuse a number still in use as
+    a process group, so a pid now held by another process means the old group is empty.
+
+    A zombie holds no memory, GPU or socket, and an adopted engine's zombie is not ours to
+    reap: after the agent was killed its engines are init's children, and init reaps when it
+    gets to it (over a second in some containers, never under a PID 1 that does not reap).
+    Waiting for that reaping held the engine's report — failed, or stopped — as long."""
     if process_alive(pid, start_time):
         return False
     now = process_start_time(pid)
@@ -121,13 +131,36 @@ def group_gone(pid: int, start_time: str | None) -> bool:
         return True
     except PermissionError:
         return True  # not ours to signal: not our engine's group
-    return False
+    return group_live_members(pid) == 0  # members left: only zombies? (unknown without /proc: not gone)
+
+
+def group_live_members(pgid: int) -> int | None:
+    """How many processes of group ``pgid`` have not exited (zombies do not count), from
+    /proc; None where /proc cannot be listed."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    live = 0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            live += 1
+    return live
 
 
 def kill_leftovers(pid: int, start_time: str | None) -> None:
-    """SIGKILL what is left of a dead engine's group (its workers), unless the pid now names
-    another process (then the old group is already empty: :func:`group_gone`)."""
-    if process_start_time(pid) is None:
+    """SIGKILL what is left of a dead engine's group (its workers): when the pid names no
+    process, or still the engine itself as a zombie nobody has reaped yet. Not when the pid
+    now names another process (then the old group is already empty: :func:`group_gone`)."""
+    now = process_start_time(pid)
+    if now is None or (now == start_time and not process_alive(pid, start_time)):
         kill_group(pid, signal.SIGKILL)
 
 
@@ -162,3 +195,35 @@ def read_state(path: Path) -> list[dict]:
                     records.append({**item, "replica_id": int(key), "stopping": False})
     return [r for r in records if isinstance(r, dict) and isinstance(r.get("pid"), int)
             and isinstance(r.get("spec"), dict)]
+
+
+#: The lock file in an agent's state directory (:func:`hold_state_dir`); it holds the pid.
+LOCK_FILE = "agent.lock"
+
+
+class StateDirInUse(RuntimeError):
+    """Another live agent process holds the state directory."""
+
+
+def hold_state_dir(state_dir: Path) -> int:
+    """Take ``state_dir`` (created, mode 0700, if absent) for this agent process: an exclusive
+    ``flock`` on its ``agent.lock``, which records this pid. Returns the lock's fd; the lock
+    lasts until the process exits or the fd is closed. The fd is not inherited (engines
+    never hold it) and closes on exec, so an agent re-executing itself in place takes it
+    again. Raises StateDirInUse, naming the holder's pid, while another process holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StateDirInUse(f"another agent (pid {holder}) uses the state directory {state_dir}: run one agent per "
+                            "state directory (--state-dir), or stop the other first") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -25,7 +25,7 @@ class Stub(InvariantChecks):
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.keys, self.pid_keys, self.unwanted_since, self.ready_wrong_since = {}, {}, {}, {}
-        self.crashed_at, self.web_down = {}, []
+        self.crashed_at, self.web_down, self.worker_down = {}, [], []
         self.reconnected: dict[str, float] = {}  # agent → when it reconnected (the rows' connected_since)
         self.cluster = type("C", (), {"up_since": {"gpu-a": 0.0, "gpu-b": 0.0, "cpu": 0.0}})()
 
@@ -178,3 +178,20 @@ def test_an_unwanted_engine_is_excused_while_a_web_process_is_down_and_its_grace
     assert checks.violations == []
     checks.check_wanted([orphan], {}, now=110.0 + ORPHAN_GRACE_S + 1)
     assert len(checks.violations) == 1 and "the row was deleted" in checks.violations[0]
+
+
+def test_an_engine_of_a_lost_replica_is_excused_while_no_worker_can_plan_and_its_grace_runs_from_then():
+    """Its agent is back and reports the engine ready, but only a pass settles the lost row
+    (ready again, or a duplicate stopped): with the worker killed and its lease not yet run
+    out, nobody can."""
+    checks = Stub()
+    engine_of_lost = engine(6, key="k6")
+    row = {"id": 6, "engine_key": "k6", "state": "lost", "agent__name": "gpu-a", "port": 23106, "pid": 6,
+           "model__name": "m", "gpu_indices": [0]}
+    checks.worker_down = [[100.0, 106.0]]
+    checks.check_wanted([engine_of_lost], {"k6": row}, now=99.0)
+    checks.check_wanted([engine_of_lost], {"k6": row}, now=105.0)
+    checks.check_wanted([engine_of_lost], {"k6": row}, now=106.0 + ORPHAN_GRACE_S - 1)
+    assert checks.violations == []
+    checks.check_wanted([engine_of_lost], {"k6": row}, now=106.0 + ORPHAN_GRACE_S + 1)
+    assert len(checks.violations) == 1 and "its replica r6 of m is lost" in checks.violations[0]
