@@ -171,7 +171,8 @@ def load_teams() -> tuple[dict[int, tuple], dict[int, dict], dict[int, dict]]:
 
 
 def load() -> dict[str, Any]:
-    """Every key (with its team's limits) and every model name/alias (blocking; six queries)."""
+    """Every key (with its team's limits), every model name/alias and the admission settings
+    (blocking; seven queries)."""
     allowed: dict[int, set[int]] = {}
     for key_id, model_id in ApiKey.allowed_models.through.objects.values_list("apikey_id", "model_id"):
         allowed.setdefault(key_id, set()).add(model_id)

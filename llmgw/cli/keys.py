@@ -11,7 +11,7 @@ from django.utils import timezone
 from catalog.models import Model
 from gateway import tenant_usage
 from gateway.models import ApiKey, Priority
-from llmgw.cli import limit_options as lo
+import llmgw.cli.limit_options as lo
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Manage API keys for /v1/: create (prints the key once), list (team, limits, usage now), set (team, "

@@ -8,7 +8,7 @@ from django.db.models import Count
 
 from gateway import tenant_usage
 from gateway.models import Priority, Team
-from llmgw.cli import limit_options as lo
+import llmgw.cli.limit_options as lo
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Manage teams of API keys: create, list, show (members, usage now), set (limits, priority, weight; "

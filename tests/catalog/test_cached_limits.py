@@ -77,5 +77,6 @@ def test_loading_the_cache_takes_the_same_few_queries_however_many_models(catalo
         Model.objects.create(name=f"more-{i}", weights="file:/dev/null", profile=Profile.objects.get(name="vllm"))
     with CaptureQueriesContext(connection) as many:
         loaded = cache.load()
-    assert len(few) == len(many) == 4
+    # Key limits, profiles, models, teams, model budgets, keys, the admission settings.
+    assert len(few) == len(many) == 7
     assert loaded[cache._MODELS]["tiny"].name == "short"
