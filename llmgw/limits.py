@@ -151,7 +151,8 @@ class BodyLimits:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                message = await asyncio.wait_for(receive(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: it can drop a cancel (gh-86296)
+                    message = await receive()
                 if message["type"] == "http.disconnect" or not message.get("more_body", False):
                     return
         except asyncio.TimeoutError:

@@ -97,7 +97,10 @@ class Agent:
                         await session
                     break
                 try:
-                    await asyncio.wait_for(self._stop.wait(), backoff * (0.8 + 0.4 * random.random()))
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can drop a cancel
+                    # that arrives as the wait ends (CPython gh-86296), and shutdown cancels.
+                    async with asyncio.timeout(backoff * (0.8 + 0.4 * random.random())):
+                        await self._stop.wait()
                 except asyncio.TimeoutError:
                     pass
                 backoff = min(backoff * 2, self.options.backoff_max_s)
@@ -156,7 +159,8 @@ class Agent:
         R7 and "Agent protocol": heartbeat)."""
         while True:
             try:
-                await asyncio.wait_for(self._status_due.wait(), self.options.heartbeat_s)
+                async with asyncio.timeout(self.options.heartbeat_s):  # not wait_for (gh-86296)
+                    await self._status_due.wait()
             except asyncio.TimeoutError:
                 await ws.send(json.dumps(protocol.heartbeat(protocol.loads_of(self.manager.reports()))))
                 continue

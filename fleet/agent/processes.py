@@ -85,7 +85,8 @@ async def wait_exit(pid: int, timeout_s: float) -> bool:
     try:
         loop.add_reader(fd, lambda: exited.done() or exited.set_result(True))
         try:
-            return await asyncio.wait_for(exited, timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: it can drop a cancel (gh-86296)
+                return await exited
         except asyncio.TimeoutError:
             return False
         finally:
