@@ -6,7 +6,6 @@ pass) the counters are Redis's."""
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 
 import httpx
@@ -16,7 +15,7 @@ from django.utils import timezone
 
 from fleet.models import Agent
 from gateway.models import ApiKey, ModelBudget, Team, UsageRecord
-from tests.processes import daphne, fake_engine, free_port, wait_for_port, wait_until
+from tests.processes import daphne, fake_engine, free_port, open_request, wait_for_port, wait_until
 from tests.replicas import routed_to, serve
 
 HI = [{"role": "user", "content": "x"}]
@@ -29,7 +28,7 @@ def servers(django_db_setup, tmp_path_factory):
     logs = tmp_path_factory.mktemp("tenants")
     ports = {name: free_port() for name in ("fast", "slow", "web")}
     engines = [fake_engine(ports["fast"], logs, "--tokens", "5"),
-               fake_engine(ports["slow"], logs, "--tokens", "10", "--token-delay-ms", "150")]
+               fake_engine(ports["slow"], logs, "--tokens", "400", "--token-delay-ms", "150")]
     for name in ("fast", "slow"):
         wait_for_port(ports[name])
     web = daphne(ports["web"], logs, env={"LLMGW_WATCH_INTERVAL": "50ms", "LLMGW_USAGE_FLUSH_INTERVAL": "0.2s"})
@@ -111,23 +110,25 @@ def test_tokens_per_minute_reserved_then_settled(servers, models):
 
 def test_the_sdk_waits_for_a_concurrency_slot_and_succeeds(servers, models):
     _, key = ApiKey.create_key("one at a time", max_concurrent_requests=1)
-    slow_done = threading.Event()
-
-    def slow():
-        post(servers, key, {"model": "slow", "messages": HI, "max_tokens": 10})  # ~1.5 s
-        slow_done.set()
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    # Wait until the slow request holds the slot (another is refused)…
+    # A streamed request takes the one slot (a minute of generation) until the test hangs it up.
+    port = int(servers["url"].rsplit(":", 1)[1])
+    holder = open_request(port, "/v1/chat/completions", {"model": "slow", "messages": HI, "max_tokens": 400,
+                                                         "stream": True}, key)
     wait_until(lambda: post(servers, key, {"model": "fast", "messages": HI, "max_tokens": 1}).status_code == 429,
-               timeout_s=30)
-    started = time.monotonic()
-    # …then the SDK's call is refused (Retry-After: 1), waits, retries and gets through.
-    answer = sdk(servers, key, max_retries=5).chat.completions.create(model="fast", messages=HI, max_tokens=2)
+               timeout_s=60, what="the slot taken")
+    sent, refused = [], []
+
+    def answered(response: httpx.Response) -> None:
+        if response.status_code == 429:
+            refused.append(response.headers.get("Retry-After"))
+            holder.close()  # the slot frees while the SDK waits out Retry-After
+
+    client = sdk(servers, key, max_retries=5, http_client=httpx.Client(event_hooks={
+        "request": [lambda request: sent.append(request.url)], "response": [answered]}))
+    answer = client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
     assert answer.choices[0].message.content
-    assert slow_done.is_set() or time.monotonic() - started >= 0.9
-    thread.join()
+    assert refused and refused[0] == "1"  # refused first, told to wait a second…
+    assert len(sent) == len(refused) + 1  # …retried, and got through
 
 
 def test_the_sdk_does_not_retry_a_spent_budget(servers, models):
@@ -137,17 +138,16 @@ def test_the_sdk_does_not_retry_a_spent_budget(servers, models):
     # as after a restart or a failover.
     UsageRecord.objects.create(key=key_row, team_id=team.id, model_name="fast", path="chat/completions", status=200,
                                prompt_tokens=60, completion_tokens=40, total_ms=1)
-    before = UsageRecord.objects.filter(key=key_row).count()
-    client = sdk(servers, key, max_retries=3)
+    sent = []
+    client = sdk(servers, key, max_retries=3,
+                 http_client=httpx.Client(event_hooks={"request": [lambda request: sent.append(request.url)]}))
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as raised:
         client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
+    assert len(sent) == 1  # asked once: x-should-retry false
     assert time.monotonic() - started < 5  # no backoff rounds
     assert raised.value.code == "insufficient_quota"
     assert "team 'spent' has used 100 of its 100 tokens today (UTC)" in raised.value.message
-    wait_until(lambda: UsageRecord.objects.filter(key=key_row, status=429).exists(), timeout_s=30)
-    time.sleep(0.5)  # a retry would have been recorded by now
-    assert UsageRecord.objects.filter(key=key_row).count() == before + 1  # asked once
 
 
 def test_a_team_budget_for_one_model_leaves_the_others(servers, models):
@@ -186,7 +186,7 @@ def test_a_streamed_answer_carries_the_headers_and_settles_at_its_end(servers, m
     early_in_a_minute(servers)
     _, key = ApiKey.create_key("streamer", tokens_per_minute=10_000, max_concurrent_requests=1)
     with httpx.stream("POST", servers["url"] + "/v1/chat/completions", timeout=60,
-                      json={"model": "slow", "messages": HI, "max_tokens": 10, "stream": True},
+                      json={"model": "slow", "messages": HI, "max_tokens": 40, "stream": True},  # ~6 s
                       headers={"Authorization": f"Bearer {key}"}) as response:
         assert response.status_code == 200
         assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000
