@@ -143,6 +143,8 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
     if isinstance(priority, HttpResponse):
         return ex.answer(priority)
     ex.admitted, ex.rate_headers, refused = await tenants.admit(tenancy, model, path, body, len(request.body))
+    if queueing.PRIORITY_HEADER in request.headers:  # say which class applied (never higher than the key's)
+        ex.rate_headers = {**ex.rate_headers, queueing.PRIORITY_HEADER: queueing.priority_name(priority)}
     if refused is not None:
         return ex.answer(refused)
     content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, model.default_max_tokens,

@@ -304,7 +304,11 @@ def _readable(seconds: float) -> str:
 def retry_headers(refused: Refusal) -> dict[str, str]:
     """``Retry-After`` (whole seconds, at least 1), ``retry-after-ms`` and
     ``x-should-retry`` for a 429: the ``openai`` SDK waits what they say (when ≤ 60 s) and does
-    not retry a refusal that waiting does not cure."""
+    not retry a refusal that waiting does not cure. A request larger than the limit itself
+    gets only ``x-should-retry: false`` (no wait would help); a spent budget, the time until
+    it renews."""
+    if not refused.retryable and refused.retry_after_s <= 0:
+        return {"x-should-retry": "false"}  # too large for the limit: no wait makes it fit
     wait_s = max(refused.retry_after_s, 0.001)
     return {"Retry-After": str(max(1, math.ceil(wait_s))), "retry-after-ms": str(max(1, math.ceil(wait_s * 1000))),
             "x-should-retry": "true" if refused.retryable else "false"}

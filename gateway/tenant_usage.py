@@ -135,7 +135,9 @@ def _from_records(check: Check) -> int | None:
     rows = _records_of(check).filter(at__gte=datetime.fromtimestamp(end_s - 60, tz=timezone.utc),
                                      at__lt=datetime.fromtimestamp(end_s, tz=timezone.utc))
     if check.kind == quotas.REQUESTS:
-        return rows.aggregate(n=Count("id"))["n"]
+        # Admitted requests only: a 429 the gateway gave itself (no upstream answered) was
+        # refused at admission and never counted.
+        return rows.exclude(status=429, upstream_status__isnull=True).aggregate(n=Count("id"))["n"]
     total = rows.aggregate(total=Sum(Coalesce(F("prompt_tokens"), 0) + Coalesce(F("completion_tokens"), 0)))["total"]
     return int(total or 0)
 

@@ -115,6 +115,9 @@ def test_a_higher_priority_is_admitted_first_and_a_header_may_only_lower_it(serv
         t.join(120)
     # high first; then the low class in arrival order (asking higher gets the key's own).
     assert engine_order(servers) == ["holder", "high-1", "low-1", "high-asks-low", "low-asks-high"]
+    # The class applied is in the answer: asking higher gets the key's own.
+    assert chat(servers, low, "x", {"X-Llmgw-Priority": "high"}).headers["x-llmgw-priority"] == "low"
+    assert chat(servers, high, "x", {"X-Llmgw-Priority": "normal"}).headers["x-llmgw-priority"] == "normal"
     bad = chat(servers, high, "x", {"X-Llmgw-Priority": "urgent"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Llmgw-Priority"
 

@@ -115,16 +115,21 @@ def test_without_live_counters_the_usage_records_say_it(limited):
     for seconds_before, tokens in ((1, 10), (20, 5), (90, 100)):  # two this minute, one the minute before
         UsageRecord.objects.create(at=at(seconds_before), key=key, team_id=team.pk, model_name="chat", path="x",
                                    status=200, prompt_tokens=tokens, completion_tokens=None, total_ms=1)
+    # Refused at admission (a 429 of the gateway's own): never counted. An engine's 429 was admitted.
+    UsageRecord.objects.create(at=at(2), key=key, team_id=team.pk, model_name="chat", path="x", status=429,
+                               total_ms=1)
+    UsageRecord.objects.create(at=at(3), key=key, team_id=team.pk, model_name="chat", path="x", status=429,
+                               upstream_status=429, total_ms=1)
     found = tenant_usage.usage("key", key, NOW_S)
     assert found["source"] == "usage records"
-    assert found["limits"]["requests_per_minute"]["used"] == 2
+    assert found["limits"]["requests_per_minute"]["used"] == 3
     assert found["limits"]["tokens_per_minute"]["used"] == 15
     assert found["limits"]["max_concurrent_requests"]["used"] is None
     assert found["limits"]["max_concurrent_requests"]["remaining"] is None
     assert found["limits"]["tokens_per_month"]["used"] == 115
     assert found["model_budgets"]["chat"]["tokens_per_day"]["used"] == 115
     by_team = tenant_usage.usage("team", team, NOW_S)
-    assert by_team["limits"]["requests_per_minute"]["used"] == 2
+    assert by_team["limits"]["requests_per_minute"]["used"] == 3
     assert by_team["limits"]["tokens_per_day"]["used"] == 115
     assert tenant_usage.entry_text(found["limits"]["max_concurrent_requests"]).startswith(
         tenant_usage.CONCURRENCY_ELSEWHERE)
