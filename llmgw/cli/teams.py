@@ -13,7 +13,8 @@ from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Manage teams of API keys: create, list, show (members, usage now), set (limits, priority, weight; "
         "'none' clears a limit), delete (its keys stay, without a team), budget (tokens for one model). "
-        "Exit 0 ok, 1 no such team, 2 bad usage (a bad value, an unknown model).")
+        "Exit 0 ok, 1 no such team (or, for create, one of that name exists), 2 bad usage (a bad value, an "
+        "unknown model).")
 
 
 def add_arguments(parser) -> None:
