@@ -347,7 +347,9 @@ class QueueTimeout(Exception):
         return openai_error(
             429, f"The model '{model_name}' is at capacity: not admitted after waiting {self.waited_s:.0f} s "
                  f"({self.depth} request(s) still waiting); retry after {self.retry_after_s} s.",
-            code="model_at_capacity", headers={"Retry-After": str(self.retry_after_s)})
+            code="model_at_capacity", headers={"Retry-After": str(self.retry_after_s),
+                                               "retry-after-ms": str(self.retry_after_s * 1000),
+                                               "x-should-retry": "true"})
 
 
 class _Waiter:

@@ -65,7 +65,8 @@ async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
 
 async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpResponse:
     rows = [key async for key in ApiKey.objects.filter(prefix=prefix).only(
-        "id", "name", "prefix", "sha256", "expires_at", "revoked_at", "team_id", "priority", *LIMIT_FIELDS)]
+        "id", "name", "prefix", "sha256", "expires_at", "revoked_at", "team_id", "priority", "updated_at",
+        *LIMIT_FIELDS)]
     key = tokens.find_by_token(rows, token)
     if key is None:
         return _unauthorized("Incorrect API key provided.")
@@ -82,8 +83,9 @@ async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpR
 def _tenancy_from_database(key: ApiKey) -> Tenancy:
     """The tenancy of a key the cache does not know yet (blocking; three queries)."""
     teams, team_budgets, key_budgets = cache.load_teams()
-    return cache.tenancy(key.id, key.name, f"{key.id}.{key.prefix}", tuple(getattr(key, f) for f in LIMIT_FIELDS), key.priority,
-                         teams.get(key.team_id), key_budgets.get(key.id), team_budgets.get(key.team_id))
+    return cache.tenancy(key.id, key.name, cache.key_uid(key.id, key.prefix), tuple(getattr(key, f) for f in LIMIT_FIELDS),
+                         key.priority, teams.get(key.team_id), key_budgets.get(key.id), team_budgets.get(key.team_id),
+                         cache.budget_version(key.updated_at))
 
 
 def forbidden(model_name: str) -> HttpResponse:

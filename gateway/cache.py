@@ -107,30 +107,39 @@ def _budgets(rows) -> tuple[dict[int, dict], dict[int, dict]]:
     """Model budgets by team id and by key id: owner → {model id: (per day, per month)}."""
     by_team: dict[int, dict] = {}
     by_key: dict[int, dict] = {}
-    for team_id, key_id, model_id, per_day, per_month in rows:
+    for team_id, key_id, model_id, per_day, per_month, updated_at in rows:
         if per_day is None and per_month is None:
             continue
         owner = by_team.setdefault(team_id, {}) if team_id is not None else by_key.setdefault(key_id, {})
-        owner[model_id] = (per_day, per_month)
+        owner[model_id] = (per_day, per_month, budget_version(updated_at))
     return by_team, by_key
 
 
+def budget_version(updated_at) -> str:
+    """A row's ``updated_at`` as a budget version (``quotas.Subject.budget_version``)."""
+    return "" if updated_at is None else f"{updated_at.timestamp():.6f}"
+
+
 def tenancy(key_id: int, key_name: str, key_uid: str, key_limits: tuple, key_priority: int | None,
-            team: tuple | None, key_budgets: dict | None = None, team_budgets: dict | None = None) -> Tenancy:
+            team: tuple | None, key_budgets: dict | None = None, team_budgets: dict | None = None,
+            key_budget_version: str = "") -> Tenancy:
     """A key's :class:`~gateway.quotas.Tenancy`: its limits and its team's (those that limit
     something), the team as its fair-share tenant (else the key itself), the team's weight,
     the key's priority (else the team's, else normal). ``key_limits``: the
-    ``LIMIT_FIELDS`` values; ``key_uid``: its prefix; ``team``: ``(id, name, limits, priority,
-    weight, uid)`` or None."""
+    ``LIMIT_FIELDS`` values; ``key_uid``: :func:`key_uid`; ``team``: ``(id, name, limits,
+    priority, weight, uid[, budget version])`` or None; budget versions: :func:`budget_version`
+    of the row's ``updated_at``."""
     subjects = []
-    key = Subject("key", key_id, key_name, key_uid, *key_limits, model_budgets=key_budgets or {})
+    key = Subject("key", key_id, key_name, key_uid, *key_limits, model_budgets=key_budgets or {},
+                  budget_version=key_budget_version)
     if key.limits_anything():
         subjects.append(key)
     if team is None:
         return Tenancy(tuple(subjects), f"key:{key_id}", 1.0,
                        key_priority if key_priority is not None else Priority.NORMAL)
-    team_id, team_name, team_limits, team_priority, weight, team_uid = team
-    team_subject = Subject("team", team_id, team_name, team_uid, *team_limits, model_budgets=team_budgets or {})
+    team_id, team_name, team_limits, team_priority, weight, team_uid, *version = team
+    team_subject = Subject("team", team_id, team_name, team_uid, *team_limits, model_budgets=team_budgets or {},
+                           budget_version=version[0] if version else "")
     if team_subject.limits_anything():
         subjects.append(team_subject)
     return Tenancy(tuple(subjects), f"team:{team_id}", float(weight),
@@ -151,22 +160,24 @@ def team_uid(team_id: int, created_at) -> str:
 def team_row(team: Team) -> tuple:
     """A team as :func:`tenancy` takes it: ``(id, name, limits, priority, weight, uid)``."""
     return (team.pk, team.name, tuple(team.limit_fields().values()), team.priority, team.weight,
-            team_uid(team.pk, team.created_at))
+            team_uid(team.pk, team.created_at), budget_version(team.updated_at))
 
 
 def budgets_of(rows) -> dict[int, tuple[int | None, int | None]]:
     """One owner's model budgets as :func:`tenancy` takes them, from ``ModelBudget`` rows:
     model id → (tokens per day, tokens per month); rows with neither are left out."""
-    return {b.model_id: (b.tokens_per_day, b.tokens_per_month) for b in rows
+    return {b.model_id: (b.tokens_per_day, b.tokens_per_month, budget_version(b.updated_at)) for b in rows
             if b.tokens_per_day is not None or b.tokens_per_month is not None}
 
 
 def load_teams() -> tuple[dict[int, tuple], dict[int, dict], dict[int, dict]]:
     """Teams as ``tenancy`` takes them, and the model budgets by team and by key (two queries)."""
-    teams = {row[0]: (row[0], row[1], tuple(row[2:7]), row[7], row[8], team_uid(row[0], row[9]))
-             for row in Team.objects.values_list("id", "name", *LIMIT_FIELDS, "priority", "weight", "created_at")}
+    teams = {row[0]: (row[0], row[1], tuple(row[2:7]), row[7], row[8], team_uid(row[0], row[9]),
+                      budget_version(row[10]))
+             for row in Team.objects.values_list("id", "name", *LIMIT_FIELDS, "priority", "weight", "created_at",
+                                                 "updated_at")}
     by_team, by_key = _budgets(ModelBudget.objects.values_list(
-        "team_id", "key_id", "model_id", "tokens_per_day", "tokens_per_month"))
+        "team_id", "key_id", "model_id", "tokens_per_day", "tokens_per_month", "updated_at"))
     return teams, by_team, by_key
 
 
@@ -179,16 +190,16 @@ def load() -> dict[str, Any]:
     teams, team_budgets, key_budgets = load_teams()
     keys: dict[str, list[CachedKey]] = {}
     for row in ApiKey.objects.values_list("id", "name", "prefix", "sha256", "revoked_at", "expires_at", "team_id",
-                                          "priority", *LIMIT_FIELDS):
-        key_id, name, prefix, sha256, revoked_at, expires_at, team_id, priority = row[:8]
+                                          "priority", "updated_at", *LIMIT_FIELDS):
+        key_id, name, prefix, sha256, revoked_at, expires_at, team_id, priority, updated_at = row[:9]
         ids = allowed.get(key_id)
         team = teams.get(team_id)
         keys.setdefault(prefix, []).append(CachedKey(
             key_id, name, prefix, sha256, revoked_at is not None, expires_at,
             None if expires_at is None else expires_at.timestamp(), frozenset(ids) if ids else None,
             team_id if team else None,
-            tenancy(key_id, name, key_uid(key_id, prefix), tuple(row[8:]), priority, team, key_budgets.get(key_id),
-                    team_budgets.get(team_id))))
+            tenancy(key_id, name, key_uid(key_id, prefix), tuple(row[9:]), priority, team, key_budgets.get(key_id),
+                    team_budgets.get(team_id), budget_version(updated_at))))
     by_alias: dict[str, CachedModel] = {}
     by_name: dict[str, CachedModel] = {}
     for entry, aliases in load_models():

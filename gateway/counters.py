@@ -9,8 +9,12 @@ Both backends have the same four calls:
   counters that do not exist yet (:class:`NeedSeed`): the caller seeds them from usage records
   (:meth:`seed`) and asks again;
 * ``seed(key, value, ttl_s)`` — make a budget counter, unless one exists;
-* ``settle(items, releases)`` — add each ``(key, delta)`` to counters that still exist (the
-  end of a request: real tokens minus reserved), and release concurrency slots;
+* ``settle(items, releases)`` — correct counters that still exist at a request's end, each
+  item ``(key, delta, used, admitted_at_s)``: a counter made before the request was admitted
+  holds its reservation and gets ``delta`` (real − reserved); one made since (a Redis that
+  lost its data and was seeded again, mid-request) never held it and gets ``used`` (what the
+  request really cost; its usage record is not written yet, so no seed has it). A plain
+  ``(key, delta)`` is applied as it is. Then release concurrency slots;
 * ``peek(keys)`` — counters' values (None: none), for people.
 
 A concurrency slot is a member in a Redis sorted set, scored with the time its lease ends:
@@ -70,7 +74,7 @@ class LocalCounters:
 
     def __init__(self, clock=time.time) -> None:
         self.clock = clock
-        self._values: dict[str, list] = {}  # key → [value, expires_at_s]
+        self._values: dict[str, list] = {}  # key → [value, expires_at_s, made_at_s]
         self._slots: dict[str, set[str]] = {}  # concurrency key → members
         self._admits = 0
 
@@ -111,7 +115,7 @@ class LocalCounters:
                 else:
                     entry = self._values.get(c.key)
                     if entry is None:
-                        self._values[c.key] = [c.amount, now + c.ttl_s]
+                        self._values[c.key] = [c.amount, now + c.ttl_s, now]
                     else:
                         entry[0] += c.amount
         return verdict
@@ -119,18 +123,22 @@ class LocalCounters:
     async def seed(self, key: str, value: int, ttl_s: int) -> None:
         now = self.clock()
         if self._value(key, now) is None:
-            self._values[key] = [max(0, int(value)), now + ttl_s]
+            self._values[key] = [max(0, int(value)), now + ttl_s, now]
 
-    async def settle(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
+    async def settle(self, items: Sequence[tuple], releases: Sequence[tuple[str, str]] = ()) -> None:
         self.settle_now(items, releases)
 
-    def settle_now(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
+    def settle_now(self, items: Sequence[tuple], releases: Sequence[tuple[str, str]] = ()) -> None:
         """:meth:`settle` without a coroutine."""
         now = self.clock()
-        for key, delta in items:
-            if delta and self._value(key, now) is not None:
-                entry = self._values[key]
-                entry[0] = max(0, entry[0] + delta)
+        for item in items:
+            key, delta = item[0], item[1]
+            if self._value(key, now) is None:
+                continue
+            entry = self._values[key]
+            if len(item) > 2 and len(entry) > 2 and entry[2] > item[3]:
+                delta = item[2]  # made since the admission: it never held the reservation
+            entry[0] = max(0, entry[0] + delta)
         for key, member in releases:
             slots = self._slots.get(key)
             if slots is not None:
@@ -178,7 +186,7 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
     values[i] = redis.call('ZCARD', KEYS[i])
   else
-    local raw = redis.call('GET', KEYS[i])
+    local raw = redis.call('HGET', KEYS[i], 'v')
     if raw then
       values[i] = tonumber(raw)
     else
@@ -209,26 +217,43 @@ for i = 1, n do
     redis.call('ZADD', KEYS[i], now + lease, member)
     redis.call('EXPIRE', KEYS[i], math.ceil(lease * 2))
   else
-    local v = redis.call('INCRBY', KEYS[i], amounts[i])
-    if v == amounts[i] then redis.call('EXPIRE', KEYS[i], ttls[i]) end
+    redis.call('HINCRBY', KEYS[i], 'v', amounts[i])
+    if redis.call('HSETNX', KEYS[i], 'b', ARGV[1]) == 1 then redis.call('EXPIRE', KEYS[i], ttls[i]) end
   end
 end
 return out
 """
 
-# KEYS: counters to adjust, then concurrency sets. ARGV: how many adjustments, their deltas,
-# then the members to release (one per set).
+# KEYS: counters to adjust, then concurrency sets. ARGV: how many adjustments, then per
+# adjustment its delta, used and admitted-at (s; '' for none), then the members to release
+# (one per set).
 _SETTLE = """
 local n = tonumber(ARGV[1])
 for i = 1, n do
-  local delta = tonumber(ARGV[1 + i])
-  if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    local v = redis.call('INCRBY', KEYS[i], delta)
-    if v < 0 then redis.call('SET', KEYS[i], 0, 'KEEPTTL') end
+  local b = 2 + (i - 1) * 3
+  local delta = tonumber(ARGV[b])
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    if ARGV[b + 2] ~= '' then
+      local made = tonumber(redis.call('HGET', KEYS[i], 'b') or '0')
+      if made > tonumber(ARGV[b + 2]) then delta = tonumber(ARGV[b + 1]) end
+    end
+    if delta ~= 0 then
+      local v = redis.call('HINCRBY', KEYS[i], 'v', delta)
+      if v < 0 then redis.call('HSET', KEYS[i], 'v', 0) end
+    end
   end
 end
 for i = n + 1, #KEYS do
-  redis.call('ZREM', KEYS[i], ARGV[1 + i])
+  redis.call('ZREM', KEYS[i], ARGV[1 + n * 3 + (i - n)])
+end
+return 1
+"""
+
+# KEYS: one counter. ARGV: value, ttl (s), now (s). Makes it unless it exists.
+_SEED = """
+if redis.call('HSETNX', KEYS[1], 'v', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'b', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
 end
 return 1
 """
@@ -262,7 +287,8 @@ class RedisCounters:
                 self.url, max_connections=MAX_CONNECTIONS, timeout=REDIS_TIMEOUT_S * 4,
                 socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
             client = redis_async.Redis(connection_pool=pool)
-            entry = (loop, client, client.register_script(_ADMIT), client.register_script(_SETTLE))
+            entry = (loop, client, client.register_script(_ADMIT), client.register_script(_SETTLE),
+                     client.register_script(_SEED))
             self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
             self._clients[id(loop)] = entry
         return entry
@@ -299,21 +325,18 @@ class RedisCounters:
         return Verdict(False, values, tuple(out[2 + n:]))
 
     async def seed(self, key: str, value: int, ttl_s: int) -> None:
-        client = self._client()[1]
-        try:
-            await client.set(self.prefix + key, max(0, int(value)), ex=ttl_s, nx=True)
-        except Exception as exc:  # noqa: BLE001 (any Redis failure is an outage here)
-            self._away_until = time.monotonic() + RETRY_AWAY_S
-            raise CountersAway(str(exc) or type(exc).__name__) from exc
+        await self._call(4, [self.prefix + key], [max(0, int(value)), int(ttl_s), repr(self.clock())])
 
-    async def settle(self, items: Sequence[tuple[str, int]], releases: Sequence[tuple[str, str]] = ()) -> None:
-        items = [(k, d) for k, d in items if d]
+    async def settle(self, items: Sequence[tuple], releases: Sequence[tuple[str, str]] = ()) -> None:
         for _, member in releases:
             self._held.pop(member, None)
         if not items and not releases:
             return
-        keys = [self.prefix + k for k, _ in items] + [self.prefix + k for k, _ in releases]
-        args = [len(items)] + [d for _, d in items] + [m for _, m in releases]
+        keys = [self.prefix + item[0] for item in items] + [self.prefix + k for k, _ in releases]
+        args: list = [len(items)]
+        for item in items:
+            args += [item[1], item[2], repr(item[3])] if len(item) > 2 else [item[1], 0, ""]
+        args += [m for _, m in releases]
         await self._call(3, keys, args)
 
     async def peek(self, keys: Sequence[str]) -> list[int | None]:
@@ -325,7 +348,7 @@ class RedisCounters:
                 if key.startswith("c:"):
                     pipe.zcount(self.prefix + key, now, "+inf")
                 else:
-                    pipe.get(self.prefix + key)
+                    pipe.hget(self.prefix + key, "v")
             for raw in await pipe.execute():
                 out.append(None if raw is None else int(raw))
         return out

@@ -56,7 +56,8 @@ class Exchange:
         total = time.monotonic() - self.started
         if self.admitted is not None:
             answered = self.upstream_status is not None and self.upstream_status < 400
-            tenants.settle(self.admitted, self.prompt_tokens, self.completion_tokens, answered)
+            tenants.settle(self.admitted, self.prompt_tokens, self.completion_tokens, answered,
+                           refused_here=status == 400 and self.upstream_status is None)
         for done in self.on_finish:
             done()
         metrics.REQUESTS.labels(self.model_label, str(status)).inc()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
@@ -72,6 +73,14 @@ class Team(Limits):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """A name people can read on one line; a weight that is a number (NaN passes the
+        range validators)."""
+        if self.name and any(ord(ch) < 32 or ord(ch) == 127 for ch in self.name):
+            raise ValidationError({"name": "A team's name cannot contain control characters (a newline, a tab…)."})
+        if self.weight is not None and not math.isfinite(self.weight):
+            raise ValidationError({"weight": "The weight must be a number between 0.01 and 1000."})
+
 
 class ApiKey(Limits):
     """A client's key: stored as SHA-256 with a visible prefix (the clear key is shown once,
@@ -118,6 +127,9 @@ class ApiKey(Limits):
         unknown = set(limits) - set(LIMIT_FIELDS)
         if unknown:
             raise TypeError(f"no such limit: {', '.join(sorted(unknown))}")
+        for field_name, value in limits.items():  # ValidationError for 0, negative or too large
+            if value is not None:
+                cls._meta.get_field(field_name).clean(value, None)
         clear = tokens.new_token("key")
         models_ = []
         for model_name in model_names or []:
@@ -170,6 +182,8 @@ class ModelBudget(models.Model):
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="budgets")
     tokens_per_day = _limit("Token budget per UTC day for this model.")
     tokens_per_month = _limit("Token budget per UTC month for this model.")
+    #: When it was last set: names its counters (``gateway.quotas.Subject.budget_version``).
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [

@@ -42,7 +42,7 @@ BUDGET_TTL_EXTRA_S = 2 * 86400
 class Subject:
     """A key or a team that carries limits. ``kind``: ``"key"`` or ``"team"``; limits in
     requests or tokens, None for none; ``model_budgets``: model id → (tokens per day,
-    tokens per month) for that model alone."""
+    tokens per month[, version]) for that model alone."""
 
     kind: str
     id: int
@@ -55,7 +55,12 @@ class Subject:
     max_concurrent_requests: int | None = None
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
-    model_budgets: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    model_budgets: dict[int, tuple] = field(default_factory=dict)
+    #: When its budgets were last set (its row's ``updated_at``): part of the budget
+    #: counters' names, so a budget removed and set again, or changed, counts afresh from
+    #: the usage records rather than from a counter that stopped counting meanwhile. A
+    #: model budget's third element is its own.
+    budget_version: str = ""
 
     @property
     def tag(self) -> str:
@@ -146,12 +151,12 @@ def checks(tenancy: Tenancy, model_id: int, model_name: str, reserve_tokens: int
                              minute_end))
         if s.max_concurrent_requests is not None:
             out.append(Check(CONCURRENCY, s, f"c:{tag}", s.max_concurrent_requests, 1, 0, None))
-        budgets = [(None, "", s.tokens_per_day, s.tokens_per_month)]
+        budgets = [(None, "", s.tokens_per_day, s.tokens_per_month, s.budget_version)]
         if model_id in s.model_budgets:
-            per_day, per_month = s.model_budgets[model_id]
-            budgets.append((model_id, model_name, per_day, per_month))
-        for mid, mname, per_day, per_month in budgets:
-            scope = "*" if mid is None else str(mid)
+            per_day, per_month, *version = s.model_budgets[model_id]
+            budgets.append((model_id, model_name, per_day, per_month, version[0] if version else ""))
+        for mid, mname, per_day, per_month, version in budgets:
+            scope = ("*" if mid is None else str(mid)) + (f"@{version}" if version else "")
             if per_day is not None:
                 out.append(Check(DAY, s, f"d:{tag}:{scope}:{day}", per_day, reserve_tokens,
                                  int(day_end - now_s) + BUDGET_TTL_EXTRA_S, day_end, mid, mname, day_start))

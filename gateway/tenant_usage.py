@@ -57,7 +57,8 @@ def subject_of(kind: str, obj) -> Subject | None:
         tenancy = cache.tenancy(obj.pk, obj.name, cache.key_uid(obj.pk, obj.prefix),
                                 tuple(obj.limit_fields().values()), obj.priority,
                                 cache.team_row(team) if team else None, cache.budgets_of(obj.model_budgets.all()),
-                                cache.budgets_of(team.model_budgets.all()) if team else None)
+                                cache.budgets_of(team.model_budgets.all()) if team else None,
+                                cache.budget_version(obj.updated_at))
     elif kind == "team":
         # A key that limits nothing is left out of a tenancy: what remains is the team.
         tenancy = cache.tenancy(0, "", "", (None,) * 5, None, cache.team_row(obj), None,

@@ -100,13 +100,18 @@ def estimate_prompt_tokens(path: str, body: dict, raw_size: int) -> int:
 
 
 def reservation(path: str, body: dict, raw_size: int, model) -> int:
+    """See :func:`reservation_parts`; their sum."""
+    return sum(reservation_parts(path, body, raw_size, model))
+
+
+def reservation_parts(path: str, body: dict, raw_size: int, model) -> tuple[int, int]:
     """Tokens a request reserves at admission: its estimated prompt plus the most it may
     generate — ``max_tokens`` (or ``max_completion_tokens``, or the model's default) times
     ``n``; with none of them, :data:`DEFAULT_COMPLETION_RESERVE_TOKENS` cut to the model's
-    output limit. Embeddings generate nothing."""
+    output limit. Embeddings generate nothing. Returns ``(prompt, completion)``."""
     prompt = estimate_prompt_tokens(path, body, raw_size)
     if assembly.kind_of(path) is None:
-        return prompt
+        return prompt, 0
     completion = requested_tokens(body, model.default_max_tokens)
     if not completion:
         _, max_output = model.token_limits()
@@ -114,8 +119,10 @@ def reservation(path: str, body: dict, raw_size: int, model) -> int:
     n = body.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 128 else 1
     prompts = body.get("prompt")
-    legs = len(prompts) if isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts) else 1
-    return prompt + completion * choices * legs
+    legs = 1
+    if isinstance(prompts, list) and prompts and all(isinstance(p, (str, list)) for p in prompts):
+        legs = len(prompts)  # a list of prompts (texts, or token-id lists): each gets its completion
+    return prompt, completion * choices * legs
 
 
 # ---- admission ---------------------------------------------------------------------------
@@ -128,6 +135,10 @@ class Admitted:
     member: str
     reserved: int
     counters: object
+    #: When it was admitted (epoch seconds): a counter made after this never held its reservation.
+    admitted_s: float = 0.0
+    #: Its prompt's estimated tokens, charged when the answer says nothing of its prompt.
+    prompt_estimate: int = 0
 
 
 class _Outage:
@@ -180,7 +191,8 @@ async def admit(tenancy: Tenancy, model, path: str, body: dict, raw_size: int,
     None to go on."""
     if not tenancy.limited:
         return None, {}, None
-    reserved = reservation(path, body, raw_size, model)
+    prompt_estimate, completion_bound = reservation_parts(path, body, raw_size, model)
+    reserved = prompt_estimate + completion_bound
     now_s = time.time()
     checks = quotas.checks(tenancy, model.id, model.name, reserved, now_s)
     if not checks:
@@ -207,7 +219,8 @@ async def admit(tenancy: Tenancy, model, path: str, body: dict, raw_size: int,
     outage.recovered()
     if verdict.admitted:
         after = [v + c.amount for c, v in zip(checks, verdict.values)]
-        return Admitted(checks, member, reserved, counters), quotas.headers(checks, after, now_s), None
+        return (Admitted(checks, member, reserved, counters, now_s, prompt_estimate),
+                quotas.headers(checks, after, now_s), None)
     refused = quotas.refusal(checks, verdict, now_s, model.name)
     answer_headers = {**quotas.headers(checks, list(verdict.values), now_s), **quotas.retry_headers(refused)}
     return None, answer_headers, openai_error(429, refused.message, code=refused.code, error_type=refused.type,
@@ -215,28 +228,41 @@ async def admit(tenancy: Tenancy, model, path: str, body: dict, raw_size: int,
 
 
 def settle_items(admitted: Admitted, prompt_tokens: int | None, completion_tokens: int | None,
-                 answered: bool) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
-    """The corrections for a finished request: each token counter's (key, real − reserved)
-    and each concurrency slot's (key, member) to release."""
-    used = quotas.settled_tokens(prompt_tokens, completion_tokens, admitted.reserved, answered)
+                 answered: bool, refused_here: bool = False) -> tuple[list[tuple], list[tuple[str, str]]]:
+    """The corrections for a finished request (``gateway.counters``: ``(key, delta, used,
+    admitted_at_s)``): each token counter's real − reserved — a prompt the answer did not
+    count is charged its estimate — and each concurrency slot's ``(key, member)`` to
+    release. ``refused_here``: the gateway itself answered 400 after admission (a prompt over
+    the context, too many prompts × n): the request is taken back from requests per minute
+    and charged nothing."""
+    if refused_here:
+        used = 0
+    else:
+        if prompt_tokens is None and completion_tokens is not None:
+            prompt_tokens = admitted.prompt_estimate
+        used = quotas.settled_tokens(prompt_tokens, completion_tokens, admitted.reserved, answered)
     delta = used - admitted.reserved
     items, releases = [], []
     for c in admitted.checks:
         if c.kind == quotas.CONCURRENCY:
             releases.append((c.key, admitted.member))
-        elif c.kind != quotas.REQUESTS and delta:
-            items.append((c.key, delta))
+        elif c.kind == quotas.REQUESTS:
+            if refused_here:
+                items.append((c.key, -1, 0, admitted.admitted_s))
+        else:
+            items.append((c.key, delta, used, admitted.admitted_s))
     return items, releases
 
 
 _pending: set = set()
 
 
-def settle(admitted: Admitted, prompt_tokens: int | None, completion_tokens: int | None, answered: bool) -> None:
-    """Correct the counters of a finished request (no waiting: in this process at once, in
-    Redis from a task; a Redis away loses the correction, and the slot frees itself when its
-    lease ends)."""
-    items, releases = settle_items(admitted, prompt_tokens, completion_tokens, answered)
+def settle(admitted: Admitted, prompt_tokens: int | None, completion_tokens: int | None, answered: bool,
+           refused_here: bool = False) -> None:
+    """Correct the counters of a finished request (:func:`settle_items`; no waiting: in this
+    process at once, in Redis from a task; a Redis away loses the correction, and the slot
+    frees itself when its lease ends)."""
+    items, releases = settle_items(admitted, prompt_tokens, completion_tokens, answered, refused_here)
     counters = admitted.counters
     if isinstance(counters, LocalCounters):
         counters.settle_now(items, releases)

@@ -78,6 +78,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('tokens_per_day', models.PositiveIntegerField(blank=True, help_text='Token budget per UTC day for this model. Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
                 ('tokens_per_month', models.PositiveIntegerField(blank=True, help_text='Token budget per UTC month for this model. Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
+                ('updated_at', models.DateTimeField(auto_now=True)),
                 ('key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='model_budgets', to='gateway.apikey')),
                 ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='budgets', to='catalog.model')),
                 ('team', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='model_budgets', to='gateway.team')),

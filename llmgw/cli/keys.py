@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -81,6 +82,9 @@ def _create(options, stdout, stderr) -> int:
     except Model.DoesNotExist as exc:
         stderr.write(f"{exc.args[0] if exc.args else exc}\n")
         return FAILED
+    except ValidationError as exc:  # a limit out of range (0, negative, too large)
+        stderr.write(f"{' '.join(exc.messages)}\n")
+        return USAGE
     if options["json"]:
         write_json(stdout, {"name": key.name, "prefix": key.prefix, "key": clear, "models": models or "all",
                             "expires_at": key.expires_at, **_tenancy_json(key)})

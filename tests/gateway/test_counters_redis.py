@@ -140,3 +140,25 @@ async def test_a_redis_that_is_gone_answers_at_once_and_is_not_asked_again_for_a
             await counters.admit(checks, "c")  # the circuit: no new connection attempt
         assert time.monotonic() - started < 5
         await asyncio.sleep(0)
+
+
+async def test_a_redis_that_lost_its_data_mid_request_keeps_what_the_records_say(redis_server):
+    """Redis flushed while a request runs: the budget is seeded again from the records,
+    and the request's settlement adds what it used (not real − reserved)."""
+    import redis.asyncio as redis_async
+
+    clock = Clock()
+    counters = RedisCounters(redis_server.url, f"lost{time.time_ns()}", clock)
+    t = subject(tokens_per_day=100_000)
+    checks = quotas.checks(t, 1, "m", 5000, clock.now)
+    await counters.seed(checks[0].key, 5000, checks[0].ttl_s)
+    assert (await counters.admit(checks, "a")).admitted
+    admitted_s = clock.now
+    client = redis_async.Redis.from_url(redis_server.url)
+    await client.flushdb()
+    await client.aclose()
+    clock.now += 3
+    assert isinstance(await counters.admit(quotas.checks(t, 1, "m", 1, clock.now), "b"), NeedSeed)
+    await counters.seed(checks[0].key, 5000, checks[0].ttl_s)
+    await counters.settle([(checks[0].key, 400 - 5000, 400, admitted_s)])
+    assert await counters.peek([checks[0].key]) == [5400]

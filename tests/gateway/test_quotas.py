@@ -176,3 +176,59 @@ async def test_counters_expire_with_their_window():
     assert await counters.peek([checks[0].key]) == [None]
     counters.settle_now([(checks[0].key, 5)])  # a settlement never brings a counter back
     assert await counters.peek([checks[0].key]) == [None]
+
+
+async def test_a_counter_made_again_during_a_request_gets_what_it_really_used():
+    """A budget counter lost mid-request (a Redis that lost its data) and seeded again from
+    the records never held the request's reservation: its settlement adds what it used,
+    not real − reserved (which would erase what the records already counted)."""
+    clock = Clock()
+    counters = LocalCounters(clock)
+    t = tenancy(key={"tokens_per_day": 100_000})
+    checks = quotas.checks(t, 1, "m", 5000, clock.now)
+    await counters.seed(checks[0].key, 5000, checks[0].ttl_s)
+    assert (await counters.admit(checks, "a")).admitted  # 10,000 with the reservation
+    admitted_s = clock.now
+    counters._values.clear()  # lost
+    clock.now += 3
+    await counters.seed(checks[0].key, 5000, checks[0].ttl_s)  # the records: the request's not written yet
+    counters.settle_now([(checks[0].key, 400 - 5000, 400, admitted_s)])
+    assert await counters.peek([checks[0].key]) == [5400]
+    # A counter that held the reservation gets real − reserved.
+    assert (await counters.admit(checks, "b")).admitted  # 10,400
+    counters.settle_now([(checks[0].key, 400 - 5000, 400, clock.now)])
+    assert await counters.peek([checks[0].key]) == [5800]
+
+
+def test_a_budget_set_again_counts_afresh_from_the_records():
+    """Budget counters are named by when the budget was set: removed and set again (or
+    changed), it is seeded again from the usage records, not read from a counter that did
+    not count meanwhile."""
+    before = quotas.checks(Tenancy((Subject("key", 1, "ci", "1.a", tokens_per_day=10, budget_version="1.0",
+                                            model_budgets={5: (10, None, "2.0")}),)), 5, "m", 1, NOW)
+    after = quotas.checks(Tenancy((Subject("key", 1, "ci", "1.a", tokens_per_day=10, budget_version="3.0",
+                                           model_budgets={5: (10, None, "4.0")}),)), 5, "m", 1, NOW)
+    assert {c.key for c in before}.isdisjoint(c.key for c in after)
+
+
+def test_settlement_charges_the_prompt_estimate_when_the_answer_counts_only_completion():
+    from gateway.tenants import Admitted, settle_items
+
+    checks = quotas.checks(tenancy(key={"tokens_per_day": 1000, "requests_per_minute": 5}), 1, "m", 110, NOW)
+    admitted = Admitted(checks, "m", 110, None, NOW, prompt_estimate=100)
+    items, _ = settle_items(admitted, None, 7, answered=True)
+    assert [(delta, used) for _, delta, used, _ in items] == [(107 - 110, 107)]
+    # The gateway's own 400 after admission: the request is taken back, nothing charged.
+    items, _ = settle_items(admitted, None, None, answered=False, refused_here=True)
+    assert sorted((c.split(":")[0], delta) for c, delta, _, _ in items) == [("d", -110), ("r", -1)]
+
+
+def test_a_list_of_token_id_prompts_reserves_a_completion_for_each():
+    from types import SimpleNamespace
+
+    from gateway.tenants import reservation_parts
+
+    model = SimpleNamespace(default_max_tokens=None, token_limits=lambda: (None, None))
+    texts = reservation_parts("completions", {"prompt": ["a"] * 10, "max_tokens": 100}, 0, model)
+    ids = reservation_parts("completions", {"prompt": [[1]] * 10, "max_tokens": 100}, 0, model)
+    assert texts[1] == ids[1] == 1000

@@ -80,7 +80,7 @@ def test_this_processs_counters_are_read_live(limited):
     checks = quotas.checks(cached_tenancy(key), model.pk, model.name, 120, NOW_S)
     for check in checks:
         if check.is_budget:
-            counters._values[check.key] = [0, NOW_S + 3600]  # seeded: nothing spent before
+            counters._values[check.key] = [0, NOW_S + 3600, NOW_S]  # seeded: nothing spent before
     assert counters.admit_now(checks, "m1").admitted
     found = tenant_usage.usage("key", key, NOW_S)
     assert found["source"] == "web process"

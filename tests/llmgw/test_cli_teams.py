@@ -57,6 +57,9 @@ def test_teams_create_list_show_set_and_delete(make_model):
     (("teams", "create"), "teams create needs the team's NAME"),
     (("keys", "create", "k", "--team", "nope"), "no team called 'nope'"),
     (("keys", "create", "k", "--concurrency", "-1"), "--concurrency must be at least 1"),
+    (("teams", "create", "t", "--weight", "nan"), "weight: The weight must be a number"),
+    (("teams", "create", "t\nx"), "cannot contain control characters"),
+    (("keys", "create", "k", "--rpm", "99999999999999999999"), "less than or equal to"),
 ])
 def test_bad_values_and_unknown_teams_are_bad_usage_and_change_nothing(args, message):
     code, _, err = llmgw(*args)
