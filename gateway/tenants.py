@@ -219,7 +219,8 @@ async def admit(tenancy: Tenancy, model, path: str, body: dict, raw_size: int,
     outage.recovered()
     if verdict.admitted:
         after = [v + c.amount for c, v in zip(checks, verdict.values)]
-        return (Admitted(checks, member, reserved, counters, now_s, prompt_estimate),
+        # Stamped once the counters have it: a counter this very admission made is older.
+        return (Admitted(checks, member, reserved, counters, time.time(), prompt_estimate),
                 quotas.headers(checks, after, now_s), None)
     refused = quotas.refusal(checks, verdict, now_s, model.name)
     answer_headers = {**quotas.headers(checks, list(verdict.values), now_s), **quotas.retry_headers(refused)}
