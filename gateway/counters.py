@@ -165,88 +165,99 @@ class LocalCounters:
         return out
 
     def _sweep(self, now: float) -> None:
-        for key in [k for k, (_, exp) in self._values.items() if exp <= now]:
+        for key in [k for k, entry in self._values.items() if entry[1] <= now]:
             del self._values[key]
 
 
-# Redis: one script checks and counts (atomic: no over-admission between web processes).
-# KEYS: the counters. ARGV: now (s), lease (s), member, then per counter: kind (c: a
-# concurrency set, b: a budget, n: a plain counter), limit, amount, ttl (s).
-# Returns {1, values…} admitted, {0, values…, 0, refused indexes…} refused, {-1, missing…}.
-_ADMIT = """
+# Redis: one script per round trip carries every settlement, release and admission this
+# process has pending (requests arriving together share a call: the round trip's cost is
+# paid once). Each admission checks all its counters and counts in all or none — atomic, as
+# a script is: no over-admission between web processes.
+#
+# ARGV: now (s), lease (s), then the counts: settlements S, releases R, admissions A.
+# Settlement: KEYS one counter; ARGV delta, used, admitted-at (s; '' to apply delta as it
+# is). Release: KEYS the concurrency set; ARGV the member. Admission: ARGV member, its
+# counters' count n; KEYS its n counters; ARGV per counter kind (c: a concurrency set, b: a
+# budget, n: a plain counter), limit, amount, ttl (s).
+# Returns one reply per admission: {1, values…} admitted, {0, values…, 0, refused
+# indexes…} refused, {-1, missing indexes…} (budgets to seed first).
+_BATCH = """
 local now = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-local member = ARGV[3]
-local n = #KEYS
-local values, missing, kinds, limits, amounts, ttls = {}, {}, {}, {}, {}, {}
-for i = 1, n do
-  local b = 4 + (i - 1) * 4
-  kinds[i], limits[i], amounts[i], ttls[i] = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  if kinds[i] == 'c' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-    values[i] = redis.call('ZCARD', KEYS[i])
-  else
-    local raw = redis.call('HGET', KEYS[i], 'v')
-    if raw then
-      values[i] = tonumber(raw)
-    else
-      values[i] = 0
-      if kinds[i] == 'b' then missing[#missing + 1] = i - 1 end
-    end
-  end
-end
-if #missing > 0 then
-  local out = {-1}
-  for _, i in ipairs(missing) do out[#out + 1] = i end
-  return out
-end
-local refused = {}
-for i = 1, n do
-  if values[i] + amounts[i] > limits[i] then refused[#refused + 1] = i - 1 end
-end
-local out = {1}
-if #refused > 0 then out[1] = 0 end
-for i = 1, n do out[#out + 1] = values[i] end
-if #refused > 0 then
-  out[#out + 1] = 0
-  for _, i in ipairs(refused) do out[#out + 1] = i end
-  return out
-end
-for i = 1, n do
-  if kinds[i] == 'c' then
-    redis.call('ZADD', KEYS[i], now + lease, member)
-    redis.call('EXPIRE', KEYS[i], math.ceil(lease * 2))
-  else
-    redis.call('HINCRBY', KEYS[i], 'v', amounts[i])
-    if redis.call('HSETNX', KEYS[i], 'b', ARGV[1]) == 1 then redis.call('EXPIRE', KEYS[i], ttls[i]) end
-  end
-end
-return out
-"""
-
-# KEYS: counters to adjust, then concurrency sets. ARGV: how many adjustments, then per
-# adjustment its delta, used and admitted-at (s; '' for none), then the members to release
-# (one per set).
-_SETTLE = """
-local n = tonumber(ARGV[1])
-for i = 1, n do
-  local b = 2 + (i - 1) * 3
-  local delta = tonumber(ARGV[b])
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    if ARGV[b + 2] ~= '' then
-      local made = tonumber(redis.call('HGET', KEYS[i], 'b') or '0')
-      if made > tonumber(ARGV[b + 2]) then delta = tonumber(ARGV[b + 1]) end
+local ns, nr, na = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local a, k = 6, 1
+for _ = 1, ns do
+  local key = KEYS[k]
+  local delta = tonumber(ARGV[a])
+  if redis.call('EXISTS', key) == 1 then
+    if ARGV[a + 2] ~= '' then
+      local made = tonumber(redis.call('HGET', key, 'b') or '0')
+      if made > tonumber(ARGV[a + 2]) then delta = tonumber(ARGV[a + 1]) end
     end
     if delta ~= 0 then
-      local v = redis.call('HINCRBY', KEYS[i], 'v', delta)
-      if v < 0 then redis.call('HSET', KEYS[i], 'v', 0) end
+      if redis.call('HINCRBY', key, 'v', delta) < 0 then redis.call('HSET', key, 'v', 0) end
     end
   end
+  k, a = k + 1, a + 3
 end
-for i = n + 1, #KEYS do
-  redis.call('ZREM', KEYS[i], ARGV[1 + n * 3 + (i - n)])
+for _ = 1, nr do
+  redis.call('ZREM', KEYS[k], ARGV[a])
+  k, a = k + 1, a + 1
 end
-return 1
+local replies = {}
+for r = 1, na do
+  local member, n = ARGV[a], tonumber(ARGV[a + 1])
+  a = a + 2
+  local values, missing, kinds, limits, amounts, ttls = {}, {}, {}, {}, {}, {}
+  for i = 1, n do
+    local key = KEYS[k + i - 1]
+    local b = a + (i - 1) * 4
+    kinds[i], limits[i], amounts[i], ttls[i] = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if kinds[i] == 'c' then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+      values[i] = redis.call('ZCARD', key)
+    else
+      local raw = redis.call('HGET', key, 'v')
+      if raw then
+        values[i] = tonumber(raw)
+      else
+        values[i] = 0
+        if kinds[i] == 'b' then missing[#missing + 1] = i - 1 end
+      end
+    end
+  end
+  local out
+  if #missing > 0 then
+    out = {-1}
+    for _, i in ipairs(missing) do out[#out + 1] = i end
+  else
+    local refused = {}
+    for i = 1, n do
+      if values[i] + amounts[i] > limits[i] then refused[#refused + 1] = i - 1 end
+    end
+    out = {1}
+    if #refused > 0 then out[1] = 0 end
+    for i = 1, n do out[#out + 1] = values[i] end
+    if #refused > 0 then
+      out[#out + 1] = 0
+      for _, i in ipairs(refused) do out[#out + 1] = i end
+    else
+      for i = 1, n do
+        local key = KEYS[k + i - 1]
+        if kinds[i] == 'c' then
+          redis.call('ZADD', key, now + lease, member)
+          redis.call('EXPIRE', key, math.ceil(lease * 2))
+        else
+          redis.call('HINCRBY', key, 'v', amounts[i])
+          if redis.call('HSETNX', key, 'b', ARGV[1]) == 1 then redis.call('EXPIRE', key, ttls[i]) end
+        end
+      end
+    end
+  end
+  replies[r] = out
+  k, a = k + n, a + 4 * n
+end
+return replies
 """
 
 # KEYS: one counter. ARGV: value, ttl (s), now (s). Makes it unless it exists.
@@ -263,7 +274,8 @@ _KIND = {CONCURRENCY: "c"}
 
 class RedisCounters:
     """The counters in Redis at ``url``, names under ``prefix``. One client per event loop
-    (clients are bound to their loop)."""
+    (clients are bound to their loop). Calls made while a round trip is under way (or in
+    the same turn of the loop) go together in the next one (:data:`_BATCH`)."""
 
     def __init__(self, url: str, prefix: str, clock=time.time) -> None:
         self.url = url
@@ -274,9 +286,16 @@ class RedisCounters:
         #: member → concurrency set names, for lease renewal while requests run.
         self._held: dict[str, list[str]] = {}
         self._renewer: asyncio.Task | None = None
+        #: What the next round trip carries: settlements, releases, admissions (with futures).
+        self._settles: list[tuple] = []
+        self._releases: list[tuple[str, str]] = []
+        self._admits: list[tuple[list[Check], str, asyncio.Future]] = []
+        self._sender: asyncio.Task | None = None
+        #: Done when the round trip that carries what is pending now has been made.
+        self._sent: asyncio.Future | None = None
 
     def _client(self):
-        import redis.asyncio as redis_async
+        import redis.asyncio as redis_async  # lazy: embedded mode never loads redis-py
 
         loop = asyncio.get_running_loop()
         entry = self._clients.get(id(loop))
@@ -287,59 +306,133 @@ class RedisCounters:
                 self.url, max_connections=MAX_CONNECTIONS, timeout=REDIS_TIMEOUT_S * 4,
                 socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
             client = redis_async.Redis(connection_pool=pool)
-            entry = (loop, client, client.register_script(_ADMIT), client.register_script(_SETTLE),
-                     client.register_script(_SEED))
+            entry = (loop, client, client.register_script(_BATCH), client.register_script(_SEED))
             self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
             self._clients[id(loop)] = entry
         return entry
 
-    async def _call(self, which: int, keys: list[str], args: list):
+    def _away(self, exc: BaseException) -> CountersAway:
+        self._away_until = time.monotonic() + RETRY_AWAY_S
+        return CountersAway(str(exc) or type(exc).__name__)
+
+    async def _script(self, which: int, keys: list[str], args: list):
         if time.monotonic() < self._away_until:
             raise CountersAway("Redis was unreachable a moment ago")
-        import redis.exceptions
+        import redis.exceptions  # lazy: embedded mode never loads redis-py
 
         script = self._client()[which]
         try:
             return await script(keys=keys, args=args)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
                 asyncio.TimeoutError) as exc:
-            self._away_until = time.monotonic() + RETRY_AWAY_S
-            raise CountersAway(str(exc) or type(exc).__name__) from exc
+            raise self._away(exc) from exc
 
-    async def admit(self, checks: Sequence[Check], member: str) -> Verdict | NeedSeed:
-        keys, args = [], [repr(self.clock()), repr(LEASE_S), member]
-        for c in checks:
-            keys.append(self.prefix + c.key)
-            args += [_KIND.get(c.kind, "b" if c.is_budget else "n"), c.limit, c.amount, c.ttl_s]
-        out = [int(x) for x in await self._call(2, keys, args)]
+    def _wake_sender(self) -> asyncio.Future:
+        """Make sure a round trip will carry what is pending; returns the future of that one."""
+        loop = asyncio.get_running_loop()
+        if self._sent is None or self._sent.done() or self._sent.get_loop() is not loop:
+            self._sent = loop.create_future()
+        if self._sender is None or self._sender.done() or self._sender.get_loop() is not loop:
+            self._sender = loop.create_task(self._send())
+        return self._sent
+
+    async def _send(self) -> None:
+        """Send what is pending, one round trip at a time, until nothing is."""
+        await asyncio.sleep(0)  # let the requests of this turn of the loop join
+        while self._settles or self._releases or self._admits:
+            settles, self._settles = self._settles, []
+            releases, self._releases = self._releases, []
+            admits, self._admits = self._admits, []
+            sent, self._sent = self._sent, None
+            try:
+                await self._round_trip(settles, releases, admits)
+            finally:
+                if sent is not None and not sent.done():
+                    sent.set_result(None)
+
+    async def _round_trip(self, settles: list[tuple], releases: list[tuple[str, str]],
+                          admits: list[tuple[list[Check], str, asyncio.Future]]) -> None:
+        """One call of :data:`_BATCH`; each admission's future gets its verdict (or
+        CountersAway)."""
+        keys: list[str] = []
+        args: list = [repr(self.clock()), repr(LEASE_S), len(settles), len(releases), len(admits)]
+        for item in settles:
+            keys.append(self.prefix + item[0])
+            args += [item[1], item[2], repr(item[3])] if len(item) > 2 else [item[1], 0, ""]
+        for key, member in releases:
+            keys.append(self.prefix + key)
+            args.append(member)
+        for checks, member, _ in admits:
+            args += [member, len(checks)]
+            for c in checks:
+                keys.append(self.prefix + c.key)
+                args += [_KIND.get(c.kind, "b" if c.is_budget else "n"), c.limit, c.amount, c.ttl_s]
+        try:
+            replies = await self._script(2, keys, args)
+        except CountersAway as exc:
+            for _, _, future in admits:
+                if not future.done():
+                    future.set_exception(CountersAway(str(exc)))
+            if settles or releases:
+                log.debug("%d settlement(s) lost: Redis away", len(settles) + len(releases))
+            return
+        except Exception as exc:  # noqa: BLE001 (a bug here must not hang the requests)
+            for _, _, future in admits:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (checks, member, future), reply in zip(admits, replies):
+            self._resolve(checks, member, future, [int(x) for x in reply])
+
+    def _resolve(self, checks: list[Check], member: str, future: asyncio.Future, out: list[int]) -> None:
         if out[0] == -1:
-            return NeedSeed(tuple(out[1:]))
-        n = len(checks)
-        values = tuple(out[1:1 + n])
-        if out[0] == 1:
+            verdict: Verdict | NeedSeed = NeedSeed(tuple(out[1:]))
+        else:
+            n = len(checks)
+            values = tuple(out[1:1 + n])
+            verdict = Verdict(True, values) if out[0] == 1 else Verdict(False, values, tuple(out[2 + n:]))
+        if future.done():  # the caller left while the call was under way: undo what it counted
+            if isinstance(verdict, Verdict) and verdict.admitted:
+                self._settles += [(c.key, -c.amount) for c in checks if c.kind != CONCURRENCY]
+                self._releases += [(c.key, member) for c in checks if c.kind == CONCURRENCY]
+                self._wake_sender()
+            return
+        if isinstance(verdict, Verdict) and verdict.admitted:
             concurrency = [self.prefix + c.key for c in checks if c.kind == CONCURRENCY]
             if concurrency:
                 self._held[member] = concurrency
                 self._ensure_renewer()
-            return Verdict(True, values)
-        return Verdict(False, values, tuple(out[2 + n:]))
+        future.set_result(verdict)
+
+    async def admit(self, checks: Sequence[Check], member: str) -> Verdict | NeedSeed:
+        if time.monotonic() < self._away_until:
+            raise CountersAway("Redis was unreachable a moment ago")
+        future = asyncio.get_running_loop().create_future()
+        self._admits.append((list(checks), member, future))
+        self._wake_sender()
+        return await future
 
     async def seed(self, key: str, value: int, ttl_s: int) -> None:
-        await self._call(4, [self.prefix + key], [max(0, int(value)), int(ttl_s), repr(self.clock())])
+        await self._script(3, [self.prefix + key], [max(0, int(value)), int(ttl_s), repr(self.clock())])
 
     async def settle(self, items: Sequence[tuple], releases: Sequence[tuple[str, str]] = ()) -> None:
+        """Send the corrections with the next round trip and wait until it is made (a Redis
+        away loses them, and the slots free themselves when their leases end)."""
         for _, member in releases:
             self._held.pop(member, None)
         if not items and not releases:
             return
-        keys = [self.prefix + item[0] for item in items] + [self.prefix + k for k, _ in releases]
-        args: list = [len(items)]
-        for item in items:
-            args += [item[1], item[2], repr(item[3])] if len(item) > 2 else [item[1], 0, ""]
-        args += [m for _, m in releases]
-        await self._call(3, keys, args)
+        self._settles += list(items)
+        self._releases += list(releases)
+        await asyncio.shield(self._wake_sender())
+
+    async def flush(self) -> None:
+        """Wait until what is pending has been sent (tests)."""
+        while self._sender is not None and not self._sender.done():
+            await asyncio.wait({self._sender})
 
     async def peek(self, keys: Sequence[str]) -> list[int | None]:
+        await self.flush()
         client = self._client()[1]
         out: list[int | None] = []
         now = self.clock()
