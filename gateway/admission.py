@@ -37,6 +37,16 @@ quantum with big requests makes a tenant wait several rounds; SFQ needs no quant
 
 Admission counts requests (capacity is "requests at once"); fairness counts tokens: a
 tenant of big requests gets fewer admissions, not more tokens.
+
+**Headroom for a tenant under its share.** A fair order alone cannot help a light tenant
+behind a flood: its request is first in line, but the next slot frees only when one of the
+flood's requests ends — up to a whole request away. So a request whose tenant runs fewer
+than its weight share of the capacity (``capacity × weight / Σ weights`` of the tenants
+running or waiting; at least one request), with nothing of its own waiting and nothing of a higher class waiting,
+is admitted at once into a headroom of :data:`HEADROOM_FRACTION` of the capacity (at least
+one) above it. The engine runs at most that much over its measured capacity, briefly: the
+flood is admitted again only once the total is back under capacity. A flooding tenant is
+always at or over its share, so it never uses the headroom.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ log = logging.getLogger(__name__)
 
 #: Service times (seconds from admission to release) kept per gate for ``Retry-After``.
 SERVICE_SAMPLES = 32
+#: Above a gate's capacity, the share of it lent to tenants under their fair share (at least 1).
+HEADROOM_FRACTION = 0.1
 
 _seqs = itertools.count(1)
 
@@ -370,7 +382,10 @@ class Gate:
     arrive there). ``on_depth`` is called with the queue's depth (tickets) after every
     change of it; an exception it raises is logged, never lets a slot leak."""
 
-    def __init__(self, on_depth: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_depth: Callable[[int], None] | None = None, headroom_fraction: float = 0.0) -> None:
+        #: The headroom lent to tenants under their share, as a fraction of the capacity (0:
+        #: none, a strict capacity; :func:`gate_for` makes gates with :data:`HEADROOM_FRACTION`).
+        self.headroom_fraction = headroom_fraction
         self._queue = FairQueue()
         self._waiters: dict[Ticket, _Waiter] = {}
         self._capacity: int | None = None
@@ -379,6 +394,10 @@ class Gate:
         self._reported = 0
         self._service_s: deque[float] = deque(maxlen=SERVICE_SAMPLES)
         self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None  # weak: see _gates
+        #: Per tenant: requests running, requests waiting, and its weight (while it has either).
+        self._running_of: dict[str, int] = {}
+        self._waiting_of: dict[str, int] = {}
+        self._weight_of: dict[str, float] = {}
 
     @property
     def running(self) -> int:
@@ -438,11 +457,18 @@ class Gate:
             raise RuntimeError("this Gate belongs to another event loop (use gate_for())")
         self.resize(capacity)
         started = loop.time()
-        if not self._queue and self._has_room():
+        if (not self._queue and self._has_room()) or self._may_borrow(t):
             self._running += 1
+            self._count_running(t, +1)
             admitted = started
         else:
-            await self._wait(t, wait_s, loop, started)
+            self._waiting_of[t.tenant] = self._waiting_of.get(t.tenant, 0) + 1
+            self._weight_of[t.tenant] = t.weight
+            try:
+                await self._wait(t, wait_s, loop, started)
+            finally:
+                self._uncount_waiting(t)
+            self._count_running(t, +1)
             admitted = loop.time()
         released = False
 
@@ -450,9 +476,49 @@ class Gate:
             nonlocal released
             if not released:
                 released = True
+                self._count_running(t, -1)
                 self._release(loop.time() - admitted)
 
         return release, admitted - started
+
+    def headroom(self) -> int:
+        """Slots above capacity lent to tenants under their share (module docstring)."""
+        if not self._capacity or self.headroom_fraction <= 0:
+            return 0
+        return max(1, math.ceil(self._capacity * self.headroom_fraction))
+
+    def _may_borrow(self, t: Ticket) -> bool:
+        """Whether ``t`` is admitted at once into the headroom: its tenant runs under its
+        weight share of the capacity and has nothing waiting, nothing of a higher class
+        waits, and the headroom has a slot."""
+        room = self.headroom()
+        if not room or self._running >= self._capacity + room:
+            return False
+        if self._waiting_of.get(t.tenant) or self._queue.depth_at_or_above(t.priority + 1):
+            return False
+        weights = dict(self._weight_of)
+        weights[t.tenant] = t.weight
+        share = self._capacity * t.weight / sum(weights.values())
+        return self._running_of.get(t.tenant, 0) + 1 <= max(1.0, share)  # every tenant's due one
+
+    def _count_running(self, t: Ticket, step: int) -> None:
+        n = self._running_of.get(t.tenant, 0) + step
+        if n > 0:
+            self._running_of[t.tenant] = n
+            self._weight_of[t.tenant] = t.weight
+        else:
+            self._running_of.pop(t.tenant, None)
+            if not self._waiting_of.get(t.tenant):
+                self._weight_of.pop(t.tenant, None)
+
+    def _uncount_waiting(self, t: Ticket) -> None:
+        n = self._waiting_of.get(t.tenant, 0) - 1
+        if n > 0:
+            self._waiting_of[t.tenant] = n
+        else:
+            self._waiting_of.pop(t.tenant, None)
+            if not self._running_of.get(t.tenant):
+                self._weight_of.pop(t.tenant, None)
 
     async def _wait(self, t: Ticket, wait_s: float, loop: asyncio.AbstractEventLoop, started: float) -> None:
         if wait_s <= 0:
@@ -566,5 +632,5 @@ def gate_for(model_id: int) -> Gate:
     if gate is None:
         listener = _depth_listener
         on_depth = None if listener is None else (lambda depth: listener(model_id, depth))
-        gate = gates[model_id] = Gate(on_depth)
+        gate = gates[model_id] = Gate(on_depth, HEADROOM_FRACTION)
     return gate

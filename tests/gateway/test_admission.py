@@ -652,7 +652,7 @@ async def test_the_depth_listener_is_told_each_models_depth():
         gate = gate_for(42)
         holder = await hold(gate)
         with pytest.raises(QueueTimeout):
-            async with gate.admit(tk("b"), 1, wait_s=0.01):
+            async with gate.admit(tk("holder"), 1, wait_s=0.01):  # its own tenant: no headroom to borrow
                 pass
         await leave(holder)
     finally:
@@ -675,3 +675,76 @@ async def test_a_failing_depth_listener_never_leaks_a_slot():
         cm = await waiter
     await leave(cm)
     assert gate.running == 0 and gate.depth() == 0
+
+
+# --- headroom for a tenant under its share -------------------------------------------------------
+
+
+async def test_a_light_tenant_behind_a_flood_is_let_in_at_once_into_the_headroom():
+    gate = Gate(headroom_fraction=0.1)  # capacity 10: one slot of headroom
+    flood = [await hold(gate, capacity=10, tenant="flood") for _ in range(10)]
+    waiting = [asyncio.create_task(gate.admit(tk("flood"), 10, wait_s=DEADLINE_S).__aenter__()) for _ in range(5)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert gate.running == 10 and gate.depth() == 5
+    light = await hold(gate, capacity=10, tenant="light")  # at once, not after a flood request
+    assert gate.running == 11 and gate.headroom() == 1
+    # The headroom is spent: a second light tenant waits its (first) turn.
+    other = asyncio.create_task(gate.admit(tk("other"), 10, wait_s=DEADLINE_S).__aenter__())
+    await asyncio.sleep(0)
+    assert gate.depth() == 6 and not other.done()
+    # The flood is admitted again only once the total is back under capacity.
+    await leave(flood[0])
+    assert gate.running == 10 and not other.done()  # 9 of the flood + the light one: still full
+    await leave(flood[1])
+    async with asyncio.timeout(DEADLINE_S):
+        await other  # the fair order: the new tenant first
+    assert gate.running == 10
+    for cm in [*flood[2:], light]:
+        await leave(cm)
+    for task in waiting:
+        async with asyncio.timeout(DEADLINE_S):
+            await task
+    assert gate.depth() == 0
+
+
+async def test_the_headroom_is_not_for_a_tenant_at_its_share_and_is_bounded():
+    gate = Gate(headroom_fraction=0.5)  # capacity 2: one slot of headroom
+    a1, a2 = await hold(gate, 2, "a"), await hold(gate, 2, "a")
+    # "a" alone runs its whole share: it waits.
+    a3 = asyncio.create_task(gate.admit(tk("a"), 2, wait_s=DEADLINE_S).__aenter__())
+    await asyncio.sleep(0)
+    assert gate.depth() == 1 and not a3.done()
+    # "h", of a higher class, borrows; then "b" finds the headroom spent.
+    high_cm = gate.admit(tk("h", priority=5), 2, wait_s=DEADLINE_S)
+    high = asyncio.create_task(high_cm.__aenter__())
+    await asyncio.sleep(0)
+    assert high.done()  # "h" was under its share and nothing higher waited: it borrowed
+    b = asyncio.create_task(gate.admit(tk("b", priority=0), 2, wait_s=DEADLINE_S).__aenter__())
+    await asyncio.sleep(0)
+    assert not b.done() and gate.running == 3  # the headroom is spent
+    for cm in (a1, a2):
+        await leave(cm)
+    await leave(high_cm)
+    async with asyncio.timeout(DEADLINE_S):
+        await asyncio.gather(a3, b)
+    assert gate.depth() == 0
+
+
+async def test_gates_of_the_registry_lend_headroom():
+    assert gate_for(12345).headroom_fraction > 0
+
+
+async def test_no_headroom_while_a_higher_class_waits():
+    gate = Gate(headroom_fraction=0.5)  # capacity 2: one slot of headroom
+    a1, a2 = await hold(gate, 2, "a"), await hold(gate, 2, "a")
+    urgent = asyncio.create_task(gate.admit(tk("a", priority=5), 2, wait_s=DEADLINE_S).__aenter__())
+    await asyncio.sleep(0)
+    assert gate.depth() == 1  # "a" runs its share: its urgent request waits
+    b = asyncio.create_task(gate.admit(tk("b", priority=0), 2, wait_s=DEADLINE_S).__aenter__())
+    await asyncio.sleep(0)
+    assert not b.done() and gate.running == 2 and gate.depth() == 2  # never ahead of a higher class
+    await leave(a1)
+    await leave(a2)
+    async with asyncio.timeout(DEADLINE_S):
+        await asyncio.gather(urgent, b)
