@@ -11,11 +11,12 @@ Replicas on fake engines, API keys), the gateway as ``llmgw up`` runs it (uvicor
 ``llmgw.cli.up.web_argv``, access log off) pinned to ``--gateway-core``, the load generator
 (this process, asyncio on uvloop, aiohttp) and the engines on the other core(s) — and:
 
-* ``bench-slow``: ``tests/fake_engine.py --capacity C`` (on uvloop) answering a request's
-  ``max_tokens`` tokens ``--token-delay-ms`` apart (``--tokens`` 8 × 50 ms: ~0.4 s a request),
-  C requests at once, more wait at the engine. The fake engine's ``--capacity`` only limits the engine; the
-  gateway learns C from a ``catalog.models.Benchmark(max_concurrency=C)`` row, so its
-  admission queue (``gateway.queueing``) holds what is above C;
+* ``bench-slow``: ``tests/fake_engine.py`` (on uvloop) answering a request's ``max_tokens``
+  tokens ``--token-delay-ms`` apart (``--tokens`` 8 × 50 ms: ~0.4 s a request). The gateway
+  learns C from a ``catalog.models.Benchmark(max_concurrency=C)`` row, so its admission queue
+  (``gateway.queueing``) holds what is above C (and the headroom it lends a team under its
+  share); the engine's own hard limit (``--capacity``) is C plus that headroom, more wait at
+  the engine — as a real engine's ``max_num_seqs`` lies above its benchmarked concurrency;
 * ``bench-model``: the same fake engine with no delay and no capacity (16 tokens), for the
   CPU measurement (capacity unknown: no admission queue on its way);
 * a private ``redis-server`` (its own port, ``--save ""``, as ``tests/pg.py``'s
@@ -110,13 +111,19 @@ PY_SPY_RATE_HZ = 250  # bench.gateway.Profiler's --rate
 
 # --------------------------------------------------------------------------- processes
 def start_slow_engine(port: int, cores: set[int], tmp: Path, args, api_key: str) -> Proc:
-    """The fake engine of ``bench-slow`` on uvloop: ``args.capacity`` requests at once (the
-    rest wait at the engine), tokens ``args.token_delay_ms`` apart, as many as a request's
-    ``max_tokens`` up to 2 × ``args.tokens``; vLLM's metrics (running, waiting) on /metrics."""
+    """The fake engine of ``bench-slow`` on uvloop: tokens ``args.token_delay_ms`` apart, as
+    many as a request's ``max_tokens`` up to 2 × ``args.tokens``; vLLM's metrics (running,
+    waiting) on /metrics. It runs at most the benchmarked capacity C plus the gateway's
+    headroom (``gateway.admission.HEADROOM_FRACTION``) at once, the rest waiting at the
+    engine: like a real engine, whose hard limit (vLLM's ``max_num_seqs``) lies above the
+    concurrency a benchmark finds within the SLO."""
+    from gateway.admission import HEADROOM_FRACTION
+
+    hard_limit = args.capacity + max(1, math.ceil(args.capacity * HEADROOM_FRACTION))
     proc = Proc([*taskset(cores), PYTHON, str(ROOT / "bench" / "_uvloop_engine.py"), "--port", str(port),
                  "--served-name", SLOW_MODEL, "--tokens", str(2 * args.tokens),
                  "--token-delay-ms", str(args.token_delay_ms),
-                 "--capacity", str(args.capacity), "--metrics-kind", "vllm", "--api-key", api_key],
+                 "--capacity", str(hard_limit), "--metrics-kind", "vllm", "--api-key", api_key],
                 tmp / "fake-engine-slow.log")
     wait_for_port(port, proc=proc.proc)
     return proc
