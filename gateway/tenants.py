@@ -206,7 +206,7 @@ async def admit(tenancy: Tenancy, model, path: str, body: dict, raw_size: int,
                 break
             await _seed(counters, checks, verdict.missing)
             verdict = await counters.admit(checks, member)
-        else:
+        if isinstance(verdict, NeedSeed):
             raise CountersAway("budget counters could not be seeded")
     except CountersAway as exc:
         policy = cache.admission_settings().rate_limits_without_redis
