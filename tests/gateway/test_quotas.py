@@ -232,3 +232,28 @@ def test_a_list_of_token_id_prompts_reserves_a_completion_for_each():
     texts = reservation_parts("completions", {"prompt": ["a"] * 10, "max_tokens": 100}, 0, model)
     ids = reservation_parts("completions", {"prompt": [[1]] * 10, "max_tokens": 100}, 0, model)
     assert texts[1] == ids[1] == 1000
+
+
+async def test_a_verdict_reached_on_the_last_seeding_round_is_kept(monkeypatch):
+    from types import SimpleNamespace
+
+    from gateway import tenants
+
+    class SlowToSeed(LocalCounters):
+        """Asks for a seed twice (a seeded counter expired meanwhile), then decides."""
+
+        calls = 0
+
+        async def admit(self, checks, member):
+            self.calls += 1
+            return NeedSeed((0,)) if self.calls <= 2 else await super().admit(checks, member)
+
+    monkeypatch.setattr(tenants, "spent_tokens", lambda check: 0)
+    tenants.use_backend(SlowToSeed())
+    try:
+        model = SimpleNamespace(id=1, name="m", default_max_tokens=None, token_limits=lambda: (None, None))
+        admitted, _, refused = await tenants.admit(tenancy(key={"tokens_per_day": 100}), model, "embeddings",
+                                                   {"input": "x"}, 1)
+    finally:
+        tenants.use_backend(None)
+    assert refused is None and admitted is not None
