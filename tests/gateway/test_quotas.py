@@ -240,13 +240,13 @@ async def test_a_verdict_reached_on_the_last_seeding_round_is_kept(monkeypatch):
     from gateway import tenants
 
     class SlowToSeed(LocalCounters):
-        """Asks for a seed twice (a seeded counter expired meanwhile), then decides."""
+        """Asks for a seed three times (seeded counters expired meanwhile), then decides."""
 
         calls = 0
 
         async def admit(self, checks, member):
             self.calls += 1
-            return NeedSeed((0,)) if self.calls <= 2 else await super().admit(checks, member)
+            return NeedSeed((0,)) if self.calls <= 3 else await super().admit(checks, member)
 
     monkeypatch.setattr(tenants, "spent_tokens", lambda check: 0)
     tenants.use_backend(SlowToSeed())
