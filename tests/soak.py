@@ -571,9 +571,19 @@ class Soak(InvariantChecks):
         if not up:
             return
         name = self.rng.choice(up)
+        if any(web is None for web in self.cluster.webs):
+            # It could not connect before the web process's return, which waits behind this
+            # operation: the restart would time out and leave the agent down.
+            self.op(f"restart agent {name}: not now (a web process is down)")
+            return
         self.cluster.agent_down(name, signal.SIGTERM)
         self.op(f"restart agent {name} (SIGTERM: it stops its engines)")
-        self.cluster.start_agent(name)
+        try:
+            self.cluster.start_agent(name)
+        except TimeoutError:
+            self.op(f"agent {name} did not connect in time; started again in 2 s")
+            self.later(2.0, "agent", name)
+            return
         self.op(f"agent {name} back")
 
     def kill_worker(self) -> None:
