@@ -626,15 +626,20 @@ def find_py_spy(arg: str | None) -> str | None:
     return None
 
 
+def split_cores(gateway_core: int) -> tuple[set[int], list[str]]:
+    """The cores this process may use other than ``gateway_core``, for the load generator and
+    the engines (``{gateway_core}`` itself on a one-core machine), and a note saying so then."""
+    load_cores = set(os.sched_getaffinity(0)) - {gateway_core} or {gateway_core}
+    if load_cores == {gateway_core}:
+        return load_cores, ["only one core: the gateway shares it with the load generator and the engines"]
+    return load_cores, []
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    cpus = sorted(os.sched_getaffinity(0))
     gateway_core = args.gateway_core
-    load_cores = set(cpus) - {gateway_core} or {gateway_core}
-    notes: list[str] = []
-    if load_cores == {gateway_core}:
-        notes.append("only one core: the gateway shares it with the load generator and the engine")
+    load_cores, notes = split_cores(gateway_core)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     procs: list[Proc] = []
     heartbeat: Heartbeat | None = None

@@ -94,7 +94,7 @@ from bench._fair_load import SLOW_MODEL, Phase, merged, run_phase, say_phase, st
 from bench._pyspy import summarize_profile  # noqa: E402
 from bench.gateway import (  # noqa: E402
     Heartbeat, Profiler, Step, Target, bodies, cpu_seconds, create_rows, find_py_spy, machine_load, measure_rps,
-    percentile, run_async, say, setup_django, start_engine, taskset, wait_routed,
+    percentile, run_async, say, setup_django, split_cores, start_engine, taskset, wait_routed,
 )
 from tests.processes import PYTHON, Proc, free_port, wait_for_port  # noqa: E402
 
@@ -564,12 +564,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    cpus = sorted(os.sched_getaffinity(0))
     core = args.gateway_core
-    load_cores = set(cpus) - {core} or {core}
-    notes: list[str] = []
-    if load_cores == {core}:
-        notes.append("only one core: the gateway shares it with the load generator and the engines")
+    load_cores, notes = split_cores(core)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-tenants-"))
     procs: list[Proc] = []
     heartbeat: Heartbeat | None = None
