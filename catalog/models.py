@@ -211,6 +211,15 @@ def _refuse_delete_in_use(sender, instance: Profile, **kwargs) -> None:
         raise ProtectedError(f"Profile {instance} is used by replicas that may still run", set(in_use))
 
 
+class RoutingPolicy(models.TextChoices):
+    """How the gateway chooses among a model's ready replicas (``fleet.planning.routing``,
+    whose names these are; docs/architecture.md, "Gateway rules": routing)."""
+
+    LEAST_LOADED = "least-loaded", "least-loaded: fewest requests in flight"
+    PREFIX_AFFINITY = "prefix-affinity", "prefix-affinity: where the prompt's prefix was sent (bounded load)"
+    SESSION = "session", "session: by X-Session-Id or user, else by prefix (bounded load)"
+
+
 class Model(models.Model):
     """A model clients can ask for by name or alias.
 
@@ -279,6 +288,13 @@ class Model(models.Model):
         help_text="External models only: forward the client's OpenAI-Organization and "
         "OpenAI-Project headers to the external service. Off: a client cannot pick which "
         "organization or project of the operator's key is billed.",
+    )
+    routing_policy = models.CharField(
+        max_length=20, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_LOADED,
+        help_text="How requests choose among this model's replicas. prefix-affinity sends a prompt to the "
+        "replica that most likely holds its prefix in its cache (long shared system prompts: far less "
+        "prefill), spilling to another when that one runs 2 requests more than the least loaded; session "
+        "keeps one X-Session-Id (or user) on one replica. Changing it restarts nothing.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

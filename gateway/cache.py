@@ -45,8 +45,9 @@ class CachedModel:
     """The fields of a catalog ``Model`` the proxy reads, under the same attribute names, so
     that either can be handed to it: ``served_endpoints`` (``Model.served_endpoints``),
     ``context_limit`` and ``max_output_tokens`` (tokens, None unknown; also as
-    ``token_limits()``), and ``engine_traits`` (``catalog.engines``; an
-    external model is treated as OpenAI itself)."""
+    ``token_limits()``), ``engine_traits`` (``catalog.engines``; an
+    external model is treated as OpenAI itself) and ``routing_policy``
+    (``catalog.models.RoutingPolicy``)."""
 
     id: int
     name: str
@@ -59,6 +60,7 @@ class CachedModel:
     context_limit: int | None = None
     max_output_tokens: int | None = None
     engine_traits: EngineTraits = OPENAI_LIKE
+    routing_policy: str = "least-loaded"
 
     @property
     def is_external(self) -> bool:
@@ -86,10 +88,10 @@ def load_models() -> list[tuple[CachedModel, str]]:
     profiles = _profiles()
     out = []
     for (model_id, name, aliases, on_demand, base_url, api_key, max_tokens, served, forward_org, profile_id,
-         context_length, max_output, weights_context) in Model.objects.values_list(
+         context_length, max_output, weights_context, policy) in Model.objects.values_list(
             "id", "name", "aliases", "on_demand", "external_base_url", "external_api_key", "default_max_tokens",
             "endpoints", "external_forward_org_headers", "profile_id", "context_length", "max_output_tokens",
-            "weights_context_length"):
+            "weights_context_length", "routing_policy"):
         traits, profile_serves = OPENAI_LIKE, frozenset(OPENAI_ENDPOINTS)
         if profile_id in profiles and not base_url:
             traits, profile_serves = profiles[profile_id]
@@ -99,7 +101,7 @@ def load_models() -> list[tuple[CachedModel, str]]:
         else:
             context = effective_context_length(context_length, traits.context_length, weights_context)
         out.append((CachedModel(model_id, name, bool(on_demand), base_url or "", api_key or "", max_tokens, endpoints,
-                                bool(forward_org), context, max_output, traits), aliases or ""))
+                                bool(forward_org), context, max_output, traits, policy), aliases or ""))
     return out
 
 

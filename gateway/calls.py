@@ -87,7 +87,8 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
             live.end_request(endpoint.replica_id)
             live.refused(endpoint.replica_id)  # nothing listens there now: not routed for a moment
             log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
-            other = choose(live.current_view().routes.get(model.id, ()), exclude=tried)
+            other = choose(live.current_view().routes.get(model.id, ()), exclude=tried,
+                           policy=model.routing_policy, keys=ex.route_keys, model_name=model.name)
             if other is None or len(tried) >= 2:
                 return openai_error(502, f"The replica serving '{model.name}' is not reachable.",
                                     code="upstream_unreachable")

@@ -8,6 +8,7 @@ import time
 from django.http import HttpResponse
 from django.utils import timezone
 
+from fleet.live import NO_KEYS
 from gateway import metrics, tenants
 from gateway.auth import Caller
 from gateway.usage import usage_records
@@ -24,6 +25,7 @@ class Exchange:
         self.model_name = "unknown"
         self.model_label = "unknown"
         self.replica_id: int | None = None
+        self.route_keys = NO_KEYS  # what its model's routing policy routes it by (gateway.routing)
         self.upstream_status: int | None = None
         self.stream = False
         self.ttft_s: float | None = None

@@ -20,3 +20,7 @@ OVERHEAD = Histogram("llmgw_gateway_overhead_seconds", "The gateway's own work b
 IN_FLIGHT = Gauge("llmgw_requests_in_flight", "Requests being relayed now.", ["model"], registry=REGISTRY)
 HELD = Gauge("llmgw_requests_held_for_cold_start", "Requests waiting for a replica to become ready.",
              registry=REGISTRY)
+ROUTING = Counter("llmgw_routing_decisions", "Replica choices, by model, routing policy and outcome: hit (the replica "
+                  "the prefix or session prefers), spill (that one was over the load bound), unkeyed (no prefix "
+                  "block nor session: least-loaded), least-loaded (the policy).",
+                  ["model", "policy", "outcome"], registry=REGISTRY)

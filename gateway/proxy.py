@@ -37,8 +37,8 @@ from django.utils import timezone
 
 from catalog.models import NAME_RE, Model
 from fleet import live
-from fleet.live import Endpoint, ModelStatus
-from gateway import assembly, cache, calls, endpoints, held, metrics, queueing, tenants, validation
+from fleet.live import Endpoint, ModelStatus, RouteKeys
+from gateway import assembly, cache, calls, endpoints, held, metrics, queueing, routing, tenants, validation
 from gateway.auth import authenticate, forbidden
 from gateway.bodies import (asks_usage, body_limit_error, context_problem, parse_body, requested_tokens,
                             token_bound, upstream_body)
@@ -174,7 +174,8 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
                 path, body, len(request.body), model)))
         if full is not None:
             return ex.answer(full)
-        found = await _find_replica(model)
+        ex.route_keys = routing.route_keys(model.routing_policy, path, body, request.headers)
+        found = await _find_replica(model, ex.route_keys)
         if served_here and traits.tokenize_path and not traits.streams_usage:
             counted = await _count_prompt(model, path, body, found, ex)
             if isinstance(counted, HttpResponse):
@@ -272,15 +273,16 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
     return None
 
 
-async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResponse:
-    """A ready replica of ``model``, holding the request while one may come (cold start):
+async def _find_replica(model: Model | cache.CachedModel, keys: RouteKeys) -> Endpoint | HttpResponse:
+    """A ready replica of ``model`` chosen by its routing policy and the request's ``keys``
+    (``gateway.routing``), holding the request while one may come (cold start):
     until a route appears, ``gateway.held.verdict`` answers from a refresh of the view, or
     the cold-start timeout runs out (503 ``model_loading``). docs/architecture.md,
     "Gateway rules": cold start."""
     view = live.current_view()
     endpoints = view.routes.get(model.id)
     if endpoints:
-        return choose(endpoints)
+        return choose(endpoints, policy=model.routing_policy, keys=keys, model_name=model.name)
     status = view.status.get(model.id, ModelStatus())
     early = held.verdict(model.name, model.on_demand, status, view, timezone.now())
     if early is not None:
@@ -304,7 +306,7 @@ async def _find_replica(model: Model | cache.CachedModel) -> Endpoint | HttpResp
                 view = live.current_view()
                 endpoints = view.routes.get(model.id)
                 if endpoints:
-                    return choose(endpoints)
+                    return choose(endpoints, policy=model.routing_policy, keys=keys, model_name=model.name)
                 answer = held.verdict(model.name, model.on_demand, view.status.get(model.id, ModelStatus()), view,
                                       timezone.now(), hold)
                 if answer is not None:

@@ -14,7 +14,9 @@ What the gateway may do:
   while anyone holds; a request cancelled because its client went away leaves it, so it
   stops counting at once) and :func:`wait_for_change`;
 * count requests per replica with :func:`begin_request` / :func:`end_request` and read
-  :func:`in_flight` for routing;
+  :func:`in_flight`; choose a replica with :func:`route` (a model's routing policy,
+  ``fleet.planning.routing``, on this process's in-flight counts and memory of where it
+  sent prompt prefixes and sessions);
 * read a model's :func:`capacity` (the cluster's, and this process's share) for its
   admission queue, and report the queue's depth with :func:`set_queued` (no I/O: the
   watcher writes it; the reconciler counts it as load);
@@ -26,16 +28,18 @@ What the gateway may do:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import itertools
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 from fleet.control.demand import want as want_model
+from fleet.planning.routing import LEAST_LOADED, NO_KEYS, POLICIES, Decision, RecentRoutes, RouteKeys, choose
 from fleet.live.watch import Endpoint, Failures, ModelStatus, SilentAgent, View, queued, usage, watcher
 
 __all__ = [
-    "Endpoint", "Failures", "ModelStatus", "SilentAgent", "View", "add_loader", "begin_request", "capacity",
-    "current_view", "end_request", "fresh_view", "holding", "in_flight", "refused", "set_queued", "start", "stop",
-    "wait_for_change", "want_model",
+    "LEAST_LOADED", "NO_KEYS", "POLICIES", "Decision", "Endpoint", "Failures", "ModelStatus", "RouteKeys",
+    "SilentAgent", "View", "add_loader", "begin_request", "capacity", "current_view", "end_request", "fresh_view",
+    "holding", "in_flight", "refused", "route", "set_queued", "start", "stop", "wait_for_change", "want_model",
 ]
 
 
@@ -91,6 +95,31 @@ def end_request(replica_id: int) -> None:
 def in_flight(replica_id: int) -> int:
     """Requests this process has in flight on ``replica_id``."""
     return usage.in_flight.get(replica_id, 0)
+
+
+_turn = itertools.count()
+#: Model id → where this process sent that model's prompt prefixes and sessions lately.
+_recent: dict[int, RecentRoutes] = {}
+
+
+def route(endpoints: tuple[Endpoint, ...], policy: str = LEAST_LOADED, keys: RouteKeys = NO_KEYS,
+          exclude: Collection[int] = frozenset()) -> tuple[Endpoint, Decision] | None:
+    """The endpoint of ``endpoints`` (one model's routes) that takes a request routed by
+    ``policy`` and ``keys``, and how it was chosen (``fleet.planning.routing.choose`` on
+    this process's in-flight counts; a keyed choice is remembered per model); None when
+    every endpoint is in ``exclude`` (replica ids)."""
+    candidates = [e for e in endpoints if e.replica_id not in exclude] if exclude else endpoints
+    if not candidates:
+        return None
+    counts = usage.in_flight
+    loads = [(e.replica_id, counts.get(e.replica_id, 0)) for e in candidates]
+    recent = None
+    if policy != LEAST_LOADED:
+        recent = _recent.get(candidates[0].model_id)
+        if recent is None:
+            recent = _recent[candidates[0].model_id] = RecentRoutes()
+    decision = choose(policy, loads, keys, recent, next(_turn))
+    return next(e for e in candidates if e.replica_id == decision.replica_id), decision
 
 
 def capacity(model_id: int) -> tuple[int, int] | None:

@@ -1,0 +1,195 @@
+"""Which ready replica takes a request: the routing policies, as pure rules
+(docs/architecture.md, "Gateway rules": routing).
+
+A model's ``routing_policy`` (``catalog.models.RoutingPolicy``; the same three names here)
+is one of:
+
+* ``least-loaded`` — the replica with the fewest requests in flight from this process (ties
+  rotate). Spreads evenly; every replica recomputes every tenant's prompt.
+* ``prefix-affinity`` — the replica most likely to hold the request's prompt prefix in its
+  KV (or prompt) cache. The caller cuts the rendered prompt into fixed-size blocks and
+  hashes them chained (block *i*'s hash names the whole prompt up to the end of block *i*,
+  as an engine's KV blocks do). This process remembers where it sent recent blocks
+  (:class:`RecentRoutes`); a remembered match at least :data:`ANCHOR_BLOCKS` deep (or the
+  whole prompt, when it is shorter) wins. Otherwise rendezvous hashing of the *anchor* — the
+  hash of the first :data:`ANCHOR_BLOCKS` blocks — over the replica ids ranks the replicas
+  the same way in every web process, with no shared state, and moves only the anchors of a
+  replica that goes away. A prompt shorter than one block has no prefix worth keeping: its
+  session (below) routes it if it has one, else least-loaded.
+* ``session`` — the same, keyed by the session (an ``X-Session-Id`` header, else OpenAI's
+  ``user`` field); a request without one is routed by its prefix.
+
+**Bounded load** (consistent hashing with bounded loads, Mirrokni et al. 2018, against the
+least-loaded replica rather than the mean): the preferred replica takes the request only
+while its in-flight count is below the least-loaded replica's plus :func:`load_slack`;
+otherwise the request *spills* to the next replica in the anchor's rendezvous order that is
+within the bound (the same order in every process), and this process remembers the prefix
+there, so a hot prefix spreads instead of piling onto one replica. No choice ever leaves a
+replica more than the slack above the least-loaded one.
+
+Everything here is a function of its arguments: loads are this process's in-flight counts
+(``fleet.live``), ``turn`` is the caller's rotation counter. Hashes are 64-bit integers made
+by the caller with a stable hash (never Python's ``hash``, which differs per process).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass
+
+LEAST_LOADED = "least-loaded"
+PREFIX_AFFINITY = "prefix-affinity"
+SESSION = "session"
+#: Every policy's name, as ``catalog.models.RoutingPolicy`` spells them.
+POLICIES = (LEAST_LOADED, PREFIX_AFFINITY, SESSION)
+
+#: How a choice was made, as ``/metrics`` counts it: ``hit`` — the replica the key prefers
+#: (remembered or ranked first); ``spill`` — that one was over the load bound, the next
+#: within it took the request; ``unkeyed`` — a keyed policy, but the request had no prefix
+#: block and no session (least-loaded); ``least-loaded`` — the policy itself.
+OUTCOMES = ("hit", "spill", "unkeyed", LEAST_LOADED)
+
+#: Blocks in a request's anchor (the rendezvous key): with the gateway's 256-byte blocks,
+#: the first KiB of the rendered prompt (about 250 tokens).
+ANCHOR_BLOCKS = 4
+
+#: The load bound's slack: a preferred replica may run this many requests more than the
+#: least-loaded one before a request spills, or :data:`BOUND_FACTOR` of the least-loaded
+#: one's count where that is more.
+BOUND_SLACK = 2
+BOUND_FACTOR = 0.25
+
+_MASK = (1 << 64) - 1
+
+
+def load_slack(least: int) -> int:
+    """How many more requests in flight than the least-loaded replica's ``least`` a
+    replica may have and still take a keyed request: ``max(BOUND_SLACK, ⌈BOUND_FACTOR ·
+    least⌉)``."""
+    return max(BOUND_SLACK, math.ceil(BOUND_FACTOR * least))
+
+
+def within_bound(load: int, least: int) -> bool:
+    """Whether a replica with ``load`` requests in flight may take one more keyed request
+    while the least-loaded has ``least`` (:func:`load_slack`)."""
+    return load - least < load_slack(least)
+
+
+def _mix(x: int) -> int:
+    """SplitMix64's finaliser: a 64-bit integer to a well-spread one (stable everywhere)."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+def rendezvous_order(key: int, replica_ids: Iterable[int]) -> list[int]:
+    """``replica_ids`` ranked for ``key`` by rendezvous (highest-random-weight) hashing:
+    best first. The same for the same key and ids in every process; removing an id leaves
+    the others' order as it was."""
+    return sorted(replica_ids, key=lambda rid: (_mix(key ^ _mix(rid + 1)), rid), reverse=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteKeys:
+    """What a request can be routed by: ``blocks``, its prompt's chained block hashes
+    (first block first; empty when the prompt is shorter than one block), and
+    ``session``, the hash of its session id (None without one)."""
+
+    blocks: tuple[int, ...] = ()
+    session: int | None = None
+
+
+NO_KEYS = RouteKeys()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The replica chosen, ``outcome`` (one of :data:`OUTCOMES`) and the replica the key
+    preferred (None when unkeyed or least-loaded)."""
+
+    replica_id: int
+    outcome: str
+    preferred: int | None = None
+
+
+class RecentRoutes:
+    """Where this process sent keys lately: block or session hash → replica id, the
+    ``capacity`` most recently used kept (a dict in use order). One per model; a key whose
+    replica is gone is ignored and overwritten."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self._where: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def deepest(self, keys: Sequence[int], alive: Container[int], at_least: int) -> int | None:
+        """The replica remembered for the deepest of ``keys`` (chained hashes, shallowest
+        first) whose replica is in ``alive``, looking no shallower than index
+        ``at_least - 1``; None if there is none."""
+        where = self._where
+        for i in range(len(keys) - 1, at_least - 2, -1):
+            rid = where.get(keys[i])
+            if rid is not None and rid in alive:
+                return rid
+        return None
+
+    def remember(self, keys: Iterable[int], replica_id: int) -> None:
+        """``keys`` were sent to ``replica_id`` now (each becomes the most recent)."""
+        where = self._where
+        for key in keys:
+            where.pop(key, None)
+            where[key] = replica_id
+        excess = len(where) - self.capacity
+        if excess > 0:
+            for key in list(_take(where, excess)):
+                del where[key]
+
+
+def _take(where: dict[int, int], n: int) -> Iterable[int]:
+    it = iter(where)
+    for _ in range(n):
+        yield next(it)
+
+
+def _least_loaded(loads: Sequence[tuple[int, int]], turn: int) -> int:
+    least = min(load for _, load in loads)
+    tied = [rid for rid, load in loads if load == least]
+    return tied[turn % len(tied)]
+
+
+def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_KEYS,
+           recent: RecentRoutes | None = None, turn: int = 0) -> Decision:
+    """Choose among ``loads`` — ``(replica_id, requests in flight)`` pairs, at least one —
+    by ``policy`` (one of :data:`POLICIES`; anything else is least-loaded), and remember a
+    keyed choice in ``recent``. The rules are the module's."""
+    if policy not in (PREFIX_AFFINITY, SESSION):
+        return Decision(_least_loaded(loads, turn), LEAST_LOADED)
+    chain: Sequence[int]
+    if policy == SESSION and keys.session is not None:
+        chain, depth = (keys.session,), 1
+    elif keys.blocks:
+        chain, depth = keys.blocks, min(len(keys.blocks), ANCHOR_BLOCKS)
+    elif keys.session is not None:
+        chain, depth = (keys.session,), 1
+    else:
+        return Decision(_least_loaded(loads, turn), "unkeyed")
+    load_of = dict(loads)
+    least = min(load_of.values())
+    preferred = recent.deepest(chain, load_of, depth) if recent is not None else None
+    order: list[int] | None = None
+    if preferred is None:
+        order = rendezvous_order(chain[depth - 1], load_of)
+        preferred = order[0]
+    if within_bound(load_of[preferred], least):
+        chosen, outcome = preferred, "hit"
+    else:
+        if order is None:
+            order = rendezvous_order(chain[depth - 1], load_of)
+        chosen = next(rid for rid in order if rid != preferred and within_bound(load_of[rid], least))
+        outcome = "spill"
+    if recent is not None:
+        recent.remember(chain, chosen)
+    return Decision(chosen, outcome, preferred)
