@@ -64,6 +64,10 @@ class EngineTraits:
     #: A completions ``prompt`` of token ids (``[1, 2]``, ``[[1], [2]]``) understood
     #: (llama-cpp-python 0.3.36: 500 "Input should be a valid string").
     serves_token_prompts: bool = True
+    #: System messages dropped by its chat template (llama-cpp-python's ``--chat_format
+    #: gemma``: Gemma has no system role, and the format discards them without a word): the
+    #: gateway folds them into the first user turn, as Gemma's own template does.
+    drops_system_messages: bool = False
     #: Engine extras refused because a bad value crashes the engine for everyone
     #: (llama-cpp-python 0.3.36 dies with SIGSEGV on a malformed ``grammar``).
     refused_fields: tuple[str, ...] = ()
@@ -97,6 +101,9 @@ _QUIRKS: dict[str, dict] = {
 
 #: The flags that give a llama.cpp server a vision projector (images in messages).
 _PROJECTOR_FLAGS = {"llama_cpp_python": ("--clip_model_path",), "llama_server": ("--mmproj", "-mm", "--mmproj-url")}
+
+#: llama-cpp-python's chat formats that drop system messages (0.3.36: ``format_gemma``).
+_SYSTEMLESS_CHAT_FORMATS = frozenset({"gemma"})
 
 #: The flags that carry the context length, per engine.
 _CONTEXT_FLAGS: dict[str, tuple[str, ...]] = {
@@ -188,5 +195,8 @@ def engine_traits(engine: str, command: str) -> EngineTraits:
     if engine in _PROJECTOR_FLAGS:
         words = command_words(command)
         quirks["serves_images"] = any(w == f or w.startswith(f + "=") for w in words for f in _PROJECTOR_FLAGS[engine])
+    if engine == "llama_cpp_python":
+        quirks["drops_system_messages"] = any(
+            (v or "").lower() in _SYSTEMLESS_CHAT_FORMATS for v in flag_values(command_words(command), ("--chat_format",)))
     return EngineTraits(engine, default_endpoints(engine, command), context_length_from_command(engine, command),
                         serves_n, cancels, usage, path, field, **quirks)

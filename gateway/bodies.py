@@ -123,7 +123,9 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max
       a CPU replica for minutes;
     * with ``bound``, empty ``stop`` strings are left out (OpenAI stops on nothing for them);
     * with ``traits`` (``catalog.engines.EngineTraits``) of an engine that does not know the
-      ``developer`` role, such messages go as ``system`` (what OpenAI's older models do)."""
+      ``developer`` role, such messages go as ``system`` (what OpenAI's older models do);
+    * with ``traits`` of an engine whose chat template drops system messages, they are
+      folded into the first user turn (:func:`system_into_first_user`)."""
     patched: dict | None = None
     strip_usage = False
     if stream:
@@ -146,7 +148,45 @@ def upstream_body(body: dict, raw: bytes, stream: bool, bound: bool, default_max
         if messages is not None:
             patched = dict(body) if patched is None else patched
             patched["messages"] = messages
+    if traits is not None and traits.drops_system_messages:
+        current = (body if patched is None else patched).get("messages")
+        messages = system_into_first_user(current)
+        if messages is not None:
+            patched = dict(body) if patched is None else patched
+            patched["messages"] = messages
     return (raw if patched is None else json.dumps(patched).encode()), strip_usage
+
+
+def system_into_first_user(messages) -> list | None:
+    """``messages`` without system (or developer) messages, their text put before the
+    first user turn's, separated by a blank line — what Gemma's own chat template does with
+    a system prompt —, or None when there is none. With no user turn, the text becomes one.
+    For an engine whose chat template would drop them (``EngineTraits.drops_system_messages``)."""
+    if not isinstance(messages, list) or not any(
+            isinstance(m, dict) and m.get("role") in ("system", "developer") for m in messages):
+        return None
+    texts = [_content_text(m.get("content")) for m in messages
+             if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+    preamble = "\n\n".join(t for t in texts if t)
+    rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+    for i, message in enumerate(rest):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                merged = [{"type": "text", "text": preamble + "\n\n"}, *content] if preamble else content
+            else:
+                merged = f"{preamble}\n\n{content or ''}" if preamble else content
+            rest[i] = {**message, "content": merged}
+            return rest
+    return [{"role": "user", "content": preamble}, *rest] if preamble else rest
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
 
 
 def developer_as_system(messages) -> list | None:

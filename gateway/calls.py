@@ -34,7 +34,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from fleet import live
 from fleet.live import Endpoint
 from gateway import assembly, metrics, sse
-from gateway.bodies import developer_as_system, requested_tokens
+from gateway.bodies import developer_as_system, requested_tokens, system_into_first_user
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
@@ -176,6 +176,9 @@ class Composition:
     #: The request used the legacy ``functions`` (not ``tools``): the answer's call is a
     #: ``function_call`` with ``finish_reason`` "function_call", as OpenAI answers it.
     legacy_functions: bool = False
+    #: System messages folded into the first user turn (an engine whose chat template drops
+    #: them: ``gateway.bodies.system_into_first_user``).
+    system_into_user: bool = False
 
     @property
     def legs(self) -> int:
@@ -203,6 +206,8 @@ def leg_bodies(body: dict, how: Composition, max_tokens: int | None) -> list[byt
         if max_tokens is not None:
             leg["max_tokens"] = max_tokens
         if how.developer_as_system and (messages := developer_as_system(leg.get("messages"))):
+            leg["messages"] = messages
+        if how.system_into_user and (messages := system_into_first_user(leg.get("messages"))):
             leg["messages"] = messages
         encoded.append(json.dumps(leg).encode())
     return encoded

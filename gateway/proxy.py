@@ -269,7 +269,8 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
         if echo and prompts is None and isinstance(prompt, str):
             prompts = (prompt,)
         return calls.Composition(legs, stream, include_usage, prompts, prompt_tokens, echo,
-                                 not traits.knows_developer_role, "functions" in body and "tools" not in body)
+                                 not traits.knows_developer_role, "functions" in body and "tools" not in body,
+                                 traits.drops_system_messages)
     return None
 
 

@@ -107,3 +107,14 @@ def test_the_presets_traits():
 def test_only_llama_cpp_python_refuses_a_prompt_of_token_ids(engine, token_prompts):
     assert engine_traits(engine, "cmd --port {port}").serves_token_prompts is token_prompts
     assert OPENAI_LIKE.serves_token_prompts
+
+
+@pytest.mark.parametrize("command, drops", [
+    ("python -m llama_cpp.server --chat_format gemma --port {port}", True),
+    ("python -m llama_cpp.server --chat_format=gemma --port {port}", True),
+    ("python -m llama_cpp.server --chat_format chatml --port {port}", False),
+    ("python -m llama_cpp.server --port {port}", False),
+])
+def test_llama_cpp_pythons_gemma_chat_format_is_known_to_drop_system_messages(command, drops):
+    assert engine_traits("llama_cpp_python", command).drops_system_messages is drops
+    assert engine_traits("vllm", command).drops_system_messages is False
