@@ -28,7 +28,7 @@ from fleet.simulation import (
     read_catalog,
     simulate,
 )
-from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail
+from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, shared_prefixes
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Simulate a trace on a fleet with the real planner: requests served, held and rejected, TTFT "
@@ -37,6 +37,7 @@ HELP = ("Simulate a trace on a fleet with the real planner: requests served, hel
 
 EPILOG = """examples:
   llmgw simulate --scenario diurnal-long-tail                     the published day (1M requests, 200 models)
+  llmgw simulate --scenario shared-prefixes                       tenants' system prompts, prefix-affinity
   llmgw simulate --trace day.jsonl --catalog catalog.yaml --fleet 8x8xH100-80G
   llmgw simulate --usage-records --since 24h --from-db            replay the last day of this cluster
 trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/simulation/traces.py);
@@ -58,8 +59,9 @@ def add_arguments(parser) -> None:
                         help="replay this cluster's usage records from the database as the trace")
     source.add_argument("--since", default="24h", help="with --usage-records: ISO 8601 instant or a span like 24h, 7d")
     source.add_argument("--scenario", choices=SCENARIOS, help="a ready-made catalog, fleet and trace")
-    source.add_argument("--requests", type=int, default=1_000_000, help="with --scenario (default 1,000,000)")
-    source.add_argument("--models", type=int, default=200, help="with --scenario (default 200)")
+    source.add_argument("--requests", type=int, default=None, help="with --scenario (default 1,000,000 for "
+                        "diurnal-long-tail, 7,200 for shared-prefixes)")
+    source.add_argument("--models", type=int, default=200, help="with --scenario diurnal-long-tail (default 200)")
     source.add_argument("--seed", type=int, default=1, help="with --scenario: the trace's seed (default 1)")
     source.add_argument("--catalog", metavar="FILE", help="catalog file (.json, .yaml)")
     source.add_argument("--from-db", action="store_true", help="the catalog (and, without --fleet, the agents) "
@@ -101,8 +103,11 @@ def _usage_trace(since: datetime) -> traces.Trace:
 def _inputs(options):
     """(catalog, fleet, trace, name) from the options; ValueError for what is missing."""
     fleet = parse_fleet(options["fleet"]) if options["fleet"] else ()
+    if options["scenario"] == "shared-prefixes":
+        catalog, spec, trace = shared_prefixes(options["requests"] or 7200, options["seed"])
+        return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
     if options["scenario"]:
-        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"], options["seed"])
+        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"] or 1_000_000, options["seed"])
         return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
     if bool(options["catalog"]) == bool(options["from_db"]):
         raise ValueError("give the catalog: --catalog FILE or --from-db (or --scenario)")

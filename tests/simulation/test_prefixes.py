@@ -23,7 +23,7 @@ from fleet.simulation import Catalog, LatencyModel, ModelSpec, SimConfig, Simula
 from fleet.simulation import traces
 from fleet.simulation.catalog import PREFIX_CACHE_SLOTS, catalog_from_dict, catalog_to_dict
 from fleet.simulation.prefixes import PrefixCache, prefix_hash
-from fleet.simulation.scenarios import diurnal_long_tail
+from fleet.simulation.scenarios import diurnal_long_tail, shared_prefixes
 
 #: Three prefixes whose rendezvous order over replicas 1 and 2 is, by their hashes:
 #: A → replica 1, B → replica 2, C → replica 2 (asserted below, as a precondition).
@@ -229,3 +229,34 @@ def test_llmgw_simulate_shows_prefix_caches_only_for_a_trace_with_prefixes(tmp_p
     out = io.StringIO()
     call_command(*common, "--trace", str(tmp_path / "n.csv"), "--json", stdout=out)
     assert "prefix" not in out.getvalue()
+
+
+# --- The scenario -----------------------------------------------------------------------------
+
+
+def test_tenants_system_prompts_hit_their_cache_more_often_with_prefix_affinity_than_least_loaded():
+    reports = {}
+    for policy in (LEAST_LOADED, PREFIX_AFFINITY):
+        catalog, fleet, trace = shared_prefixes(requests=3000, policy=policy)
+        reports[policy] = simulate(catalog, parse_fleet(fleet), trace).totals
+    spread, kept = reports[LEAST_LOADED], reports[PREFIX_AFFINITY]
+    assert spread["prefix_requests"] == kept["prefix_requests"] > 2900
+    assert kept["prefix_hit_rate"] > spread["prefix_hit_rate"] + 0.1
+    assert kept["prefill_tokens_saved"] > spread["prefill_tokens_saved"]
+    assert kept["ttft_p50_ms"] < spread["ttft_p50_ms"]
+
+
+def test_the_shared_prefixes_scenario_is_deterministic_and_every_request_has_a_tenants_prefix():
+    _, _, one = shared_prefixes(requests=500, seed=5)
+    _, _, two = shared_prefixes(requests=500, seed=5)
+    assert list(one.prefix_rows()) == list(two.prefix_rows())
+    assert np.all(one.prefix >= 0) and np.all(one.prefix_tokens >= 1000) and np.all(one.prefix_tokens < one.prompt_tokens)
+
+
+def test_llmgw_simulate_runs_the_shared_prefixes_scenario():
+    out = io.StringIO()
+    call_command("llmgw", "simulate", "--scenario", "shared-prefixes", "--requests", "400", "--no-plot",
+                 "--no-baseline", "--json", stdout=out)
+    data = json.loads(out.getvalue())["llmgw"]
+    assert data["totals"]["requests"] == 400 and data["trace"]["prefixes"] == 24
+    assert data["models"][0]["routing_policy"] == PREFIX_AFFINITY and data["totals"]["prefix_hits"] > 0
