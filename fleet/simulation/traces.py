@@ -10,7 +10,7 @@ shared start of its prompt (a tenant's system prompt, a few-shot header, a docum
 about again), any non-empty string — and ``prefix_tokens``, that prefix's length in tokens
 (an integer, 0 ≤ ``prefix_tokens`` ≤ ``prompt_tokens``). Both or neither: a request with
 neither has no prefix worth caching. The simulator keeps prefixes in per-replica caches
-and routes by them (:mod:`fleet.simulation.engine`). A trace without the two fields reads
+and routes by them (:mod:`fleet.simulation.prefixes`). A trace without the two fields reads
 and simulates exactly as before.
 
 File formats (``.gz`` after either suffix is read and written compressed):
@@ -26,9 +26,6 @@ File formats (``.gz`` after either suffix is read and written compressed):
   ``t_s,model,prompt_tokens,output_tokens`` and one row per request; with prefixes, two
   more columns ``prefix_id,prefix_tokens``, both empty on a row without a prefix.
 
-A malformed row is refused with one line naming the file, its line number and the request's
-number (``day.csv:7: request 5: ...``).
-
 * **Usage records** (the gateway's ``UsageRecord`` rows, exported; replayed as a trace):
   JSONL or CSV rows with an absolute time ``at`` (ISO 8601, or Unix seconds; ``timestamp``,
   ``started_at`` and ``created`` are accepted too), ``model`` (or ``model_name``),
@@ -37,6 +34,9 @@ number (``day.csv:7: request 5: ...``).
   much earlier. Times become ``t_s`` from the earliest arrival, which becomes the trace's
   start. :func:`read_trace` recognises them by the missing ``t_s`` column;
   :func:`from_usage` takes the rows straight from the database.
+
+A malformed row is refused with one line naming the file, its line number and the request's
+number (``day.csv:7: request 5: ...``).
 
 Generators (all deterministic for a given ``seed``): :func:`diurnal` (a working day with
 office hours), :func:`bursts` (sudden crowds on a few models), :func:`long_tail` (many
@@ -349,7 +349,7 @@ def read_trace(path: str | Path) -> Trace:
     path = Path(path)
     header, rows, numbers = _records(path)
     if rows and "t_s" not in rows[0]:
-        return _from_usage_rows(path, rows)
+        return _from_usage_rows(path, rows, numbers)
     start = _parse_instant(header["start"]) if header.get("start") else DEFAULT_START
     from_json = _kind(path) == "jsonl"
     with_prefixes = any(k in row for row in rows for k in PREFIX_COLUMNS) if from_json else (
@@ -375,9 +375,9 @@ def read_trace(path: str | Path) -> Trace:
     return from_rows(parsed(), start, str(header.get("description") or path.name))
 
 
-def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
+def _from_usage_rows(path: Path, rows: list[dict], numbers: list[int]) -> Trace:
     records = []
-    for number, row in enumerate(rows, 1):
+    for number, (line, row) in enumerate(zip(numbers, rows), 1):
         try:
             key = next(k for k in _TIME_KEYS if row.get(k) not in (None, ""))
             model = row.get("model") or row["model_name"]
@@ -386,7 +386,7 @@ def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
             records.append((_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
                             _int_or_none(out), float(total) if total not in (None, "") else None))
         except (StopIteration, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: record {number}: need at (or timestamp), model (or model_name), "
+            raise ValueError(f"{path}:{line}: record {number}: need at (or timestamp), model (or model_name), "
                              f"prompt_tokens, completion_tokens ({exc!r})") from None
     return from_usage(records, f"usage records replayed from {path.name}")
 
