@@ -6,7 +6,7 @@ Times are seconds of simulated time from the trace's start unless a key says oth
 
 With a trace that carries prefixes (:mod:`fleet.simulation.traces`, issue 17) — and only
 then, so a report without them is as it always was — ``data["trace"]["prefixes"]`` counts
-the distinct prefix ids, ``totals`` and every model row that had requests with a prefix gain
+the distinct prefix ids, ``totals`` and every model row that routed requests with a prefix gain
 ``prefix_requests`` (requests routed to a replica with a prefix), ``prefix_hits`` (those
 whose replica had it cached), ``prefix_hit_rate`` (hits / prefix_requests, None without
 any) and ``prefill_tokens_saved`` (the prefix tokens of the hits: prefill skipped), and a
