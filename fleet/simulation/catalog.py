@@ -10,11 +10,21 @@ Catalog file (JSON, or YAML when PyYAML is installed) — a list of models, or a
         "windows": [{"weekdays": "mon-fri", "start": "09:00", "end": "18:00", "min": 2, "max": 6}],
         "benchmark": {"max_concurrency": 16, "slo_ttft_p95_ms": 800, "slo_tpot_p95_ms": 40},
         "latency": {"ttft_base_ms": 60, "prefill_ms_per_token": 0.08, "tpot_ms": 35},
-        "engine_metrics": true}]}
+        "engine_metrics": true, "routing_policy": "prefix-affinity", "prefix_cache_slots": 4}]}
 
 Only ``name`` is required. ``cluster`` keys are :class:`ClusterSpec`'s fields. Without a
 ``benchmark`` a model gets the stated defaults of :class:`LatencyModel` and the planner
 gets no measured capacity (as for a model never benchmarked).
+
+Prefix caches (issue 17; they matter only for a trace whose requests carry prefixes, see
+:mod:`fleet.simulation.traces`): ``routing_policy`` is how the simulated gateway chooses
+among a model's ready replicas — ``least-loaded`` (the default), ``prefix-affinity`` or
+``session``, the names of ``fleet.planning.routing`` and ``catalog.models.RoutingPolicy``
+(from the database, ``Model.routing_policy``). ``prefix_cache_slots`` is how many prefixes
+one replica keeps cached, least recently used out first (default
+:data:`PREFIX_CACHE_SLOTS`; 0: no cache). A request whose prefix its replica holds skips
+the prefix's prefill: its TTFT and duration shrink by ``prefix_tokens ×
+prefill_ms_per_token`` (:class:`LatencyModel`).
 
 Fleet spec: ``AxGxNAME-MEM`` — A agents with G GPUs of MEM each (``8x8xH100-80G``: 8 agents
 of 8 × 80 GiB; the name is a label and may be left out: ``2x4x48G``); ``AxcpuC-MEM`` — A
@@ -33,7 +43,12 @@ from pathlib import Path
 import numpy as np
 
 from catalog.schedules import Window, parse_weekdays
+from fleet.planning.routing import LEAST_LOADED, POLICIES
 from fleet.planning.scaling import SCALE_DOWN_HEADROOM
+
+#: Prefixes one simulated replica keeps in its prefix cache unless the catalog says: a
+#: handful of long system prompts fit beside the running requests' KV on one engine.
+PREFIX_CACHE_SLOTS = 4
 
 #: Defaults of ``catalog.models.ClusterSettings`` and the settings the reconciler reads
 #: (tests assert they agree), so a file that states nothing simulates a default cluster.
@@ -53,7 +68,9 @@ class LatencyModel:
     concurrent slots (the benchmarked max concurrency), then its first token comes after
     ``ttft_base_ms + prompt_tokens × prefill_ms_per_token`` and each further token after
     ``tpot_ms``. The SLO is TTFT ≤ ``slo_ttft_ms``. ``measured``: the slots come from a
-    stored Benchmark, which the planner then uses as ``measured_per_replica``."""
+    stored Benchmark, which the planner then uses as ``measured_per_replica``. A request
+    whose prefix is in its replica's prefix cache skips ``prefix_tokens ×
+    prefill_ms_per_token`` of it (the module docstring); without prefixes nothing changes."""
 
     slots: int = 8
     ttft_base_ms: float = 50.0
@@ -83,6 +100,10 @@ class ModelSpec:
     #: only knows in-flight counts, read as running with nothing waiting.
     engine_metrics: bool = True
     latency: LatencyModel = LatencyModel()
+    #: How the simulated gateway chooses a ready replica: one of ``fleet.planning.routing.POLICIES``.
+    routing_policy: str = LEAST_LOADED
+    #: Prefixes one replica keeps cached (LRU); 0: none. Only traces with prefixes use it.
+    prefix_cache_slots: int = PREFIX_CACHE_SLOTS
 
 
 @dataclass(frozen=True)
@@ -219,7 +240,8 @@ def grow_fleet(fleet: tuple[AgentSpec, ...], models: tuple[ModelSpec, ...], coun
 
 _MODEL_KEYS = {"name", "gpus_needed", "gpu_memory_mib", "cpu_cores", "memory_mib", "min", "min_replicas", "max",
                "max_replicas", "on_demand", "idle_timeout_s", "windows", "cold_start_s", "engine_metrics",
-               "benchmark", "latency", "profile", "aliases", "weights", "notes"}
+               "benchmark", "latency", "profile", "aliases", "weights", "notes", "routing_policy",
+               "prefix_cache_slots"}
 _WINDOW_KEYS = {"weekdays", "start", "end", "min", "min_replicas", "max", "max_replicas"}
 _BENCH_KEYS = {"max_concurrency", "slo_ttft_p95_ms", "slo_tpot_p95_ms"}
 _LATENCY_KEYS = {f.name for f in fields(LatencyModel)} - {"measured"}
@@ -280,6 +302,12 @@ def model_from_dict(obj: dict, default_cold_start_s: float = 60.0) -> ModelSpec:
         raise ValueError(f"model {name}: max ({high}) is below min ({low})")
     gpus = int(obj.get("gpus_needed", 1))
     idle = obj.get("idle_timeout_s")
+    policy = str(obj.get("routing_policy", LEAST_LOADED))
+    if policy not in POLICIES:
+        raise ValueError(f"model {name}: routing_policy '{policy}' is not one of {', '.join(POLICIES)}")
+    cache_slots = int(obj.get("prefix_cache_slots", PREFIX_CACHE_SLOTS))
+    if cache_slots < 0:
+        raise ValueError(f"model {name}: prefix_cache_slots must be ≥ 0 (0: no prefix cache)")
     return ModelSpec(
         name=name, gpus_needed=gpus,
         gpu_memory_mib=int(obj.get("gpu_memory_mib", 40960 if gpus else 0)),
@@ -290,6 +318,7 @@ def model_from_dict(obj: dict, default_cold_start_s: float = 60.0) -> ModelSpec:
         cold_start_s=float(obj.get("cold_start_s", default_cold_start_s)),
         engine_metrics=bool(obj.get("engine_metrics", True)),
         latency=latency_from(obj.get("benchmark"), obj.get("latency"), f"model {name}"),
+        routing_policy=policy, prefix_cache_slots=cache_slots,
     )
 
 
@@ -350,6 +379,10 @@ def catalog_to_dict(catalog: Catalog) -> dict:
         entry["latency"] = {"ttft_base_ms": lat.ttft_base_ms, "prefill_ms_per_token": lat.prefill_ms_per_token,
                             "tpot_ms": lat.tpot_ms, **({} if lat.measured else {"slots": lat.slots,
                                                                                   "slo_ttft_ms": lat.slo_ttft_ms})}
+        if m.routing_policy != LEAST_LOADED:
+            entry["routing_policy"] = m.routing_policy
+        if m.prefix_cache_slots != PREFIX_CACHE_SLOTS:
+            entry["prefix_cache_slots"] = m.prefix_cache_slots
         models.append(entry)
     out: dict = {"cluster": {f.name: getattr(catalog.cluster, f.name) for f in fields(ClusterSpec)}, "models": models}
     return out
@@ -396,7 +429,8 @@ def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0, headroom: floa
 
 def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
     """The catalog the cluster runs: every model with a profile (external ones are served
-    elsewhere and skipped), its windows and benchmark, and the cluster's settings. Needs
+    elsewhere and skipped), its windows, benchmark and routing policy, and the cluster's
+    settings (prefix cache slots: :data:`PREFIX_CACHE_SLOTS`, the database has none). Needs
     Django set up; imports the ORM here so the rest of the simulator does not."""
     # lazy: the simulator runs without Django (bench/simulate_day.py); only the *_from_db
     # readers need the ORM, and they need Django set up first.
@@ -437,6 +471,7 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
             windows=tuple(windows.get(m.id, ())), cold_start_s=default_cold_start_s,
             engine_metrics=bool(p.metric_running or p.metric_waiting),
             latency=latency_from(bench, None, f"model {m.name}"),
+            routing_policy=m.routing_policy if m.routing_policy in POLICIES else LEAST_LOADED,
         ))
     return Catalog(tuple(models), cluster)
 

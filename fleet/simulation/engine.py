@@ -3,7 +3,8 @@
 It plays the parts the real cluster splits between processes, on a simulated clock:
 
 * **gateway** — routes each arriving request to the ready replica with the fewest requests
-  in flight (ties: the first); with none ready it holds the request for an on-demand model
+  in flight (ties: the first), or, for a request with a prefix, by the model's routing
+  policy (:mod:`.prefixes`); with none ready it holds the request for an on-demand model
   (``want``: demand now, unservable forgotten, a pass requested at once) or for a model
   with a replica coming up, and otherwise answers 503 (*rejected: unservable*). A held
   request is answered 503 when a pass finds its model unservable, or after the cluster's
@@ -11,6 +12,8 @@ It plays the parts the real cluster splits between processes, on a simulated clo
 * **engines** — each replica has ``slots`` concurrent slots (the benchmarked max
   concurrency); a request beyond them waits at the engine, first come first served. See
   :class:`~fleet.simulation.catalog.LatencyModel` for TTFT and duration.
+  A replica's prefix cache (:mod:`.prefixes`) spares a request the prefill of a prefix
+  it holds.
 * **reconciler** — a pass every ``reconcile_interval_s`` on a fixed grid, and an extra one
   when a request wants a cold on-demand model or an agent reports a replica stopped (as the
   real shell requests them), never two closer than ``pass_gap_s``. Each pass builds a
@@ -57,9 +60,11 @@ from zoneinfo import ZoneInfo
 
 from catalog.schedules import active_window, window_interval
 from fleet.planning import planner
+from fleet.planning.routing import RecentRoutes, RouteKeys, choose
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
 from fleet.simulation.loads import POLL, LoadReports
+from fleet.simulation.prefixes import PrefixCache, prefix_hash
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
 from fleet.simulation.traces import Trace
 
@@ -106,7 +111,8 @@ class _Rep:
     """A simulated replica."""
 
     __slots__ = ("id", "model", "agent_id", "gpus", "cpu_cores", "memory_mib", "state", "changed_dt",
-                 "placed_at", "last_used", "in_flight", "running", "queue", "alive", "view", "view_key")
+                 "placed_at", "last_used", "in_flight", "running", "queue", "alive", "view", "view_key",
+                 "cache")
 
     def __init__(self, rid: int, model: _Model, action: planner.Place, t: float, now: datetime) -> None:
         self.id = rid
@@ -125,6 +131,7 @@ class _Rep:
         self.alive = True
         self.view: planner.ReplicaView | None = None
         self.view_key: tuple | None = None
+        self.cache = PrefixCache(model.cache_slots)
 
 
 class _Model:
@@ -147,7 +154,10 @@ class _Model:
         self.ready: list[_Rep] = []
         self.coming_up = 0
         self.active = 0  # placing, starting or ready
-        self.held: deque = deque()  # (arrival_s, ttft_service_s, duration_s)
+        self.held: deque = deque()  # (arrival_s, ttft_service_s, duration_s, prefix or None)
+        self.policy = spec.routing_policy
+        self.cache_slots = spec.prefix_cache_slots
+        self.recent = RecentRoutes()
         # Fleet memory (ModelState).
         self.wanted_s: float | None = None
         self.wanted_dt: datetime | None = None
@@ -184,6 +194,10 @@ class _Model:
         self.steps: list[tuple[float, int, int, str]] = []
         self.oscillations = 0
         self.max_active = 0
+        #: Requests routed with a prefix, those that found it cached, the prefill skipped.
+        self.prefix_routed = 0
+        self.prefix_hits = 0
+        self.prefill_tokens_saved = 0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
 
 
@@ -216,6 +230,8 @@ class Simulator:
         by_name = {m.spec.name: m for m in self.models}
         # Trace model index → simulated model (None: not in the catalog; the gateway 404s).
         self.trace_models = [by_name.get(name) for name in trace.names]
+        #: Trace prefix index → routing key (empty without prefixes).
+        self.prefix_keys = [prefix_hash(pid) for pid in trace.prefix_ids]
         last = trace.duration_s
         self.end = config.duration_s if config.duration_s is not None else max(3600.0, -(-last // 3600) * 3600)
         self._gpu_lists = {i + 1: tuple(planner.GpuView(g, a.gpu_memory_mib) for g in range(a.gpus))
@@ -298,6 +314,12 @@ class Simulator:
         ps = trace.prompt_tokens.tolist()
         os_ = trace.output_tokens.tolist()
         n = len(ts)
+        keys = self.prefix_keys
+        if trace.has_prefixes:
+            pre = [None if x < 0 else (keys[x], k)
+                   for x, k in zip(trace.prefix.tolist(), trace.prefix_tokens.tolist())]
+        else:
+            pre = [None] * n
         end = self.end
         completions, control = self.completions, self.control
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -352,7 +374,7 @@ class Simulator:
                 if ta > end:
                     break
                 m = ms[i]
-                p, o = ps[i], os_[i]
+                p, o, prefix = ps[i], os_[i], pre[i]
                 i += 1
                 if m is None:
                     self.unknown_model += 1
@@ -361,22 +383,38 @@ class Simulator:
                 ttft_s = m.ttft_base_s + p * m.prefill_s
                 dur = ttft_s + o * m.tpot_s
                 if m.ready:
-                    self._route(m, ta, ta, ttft_s, dur)
+                    self._route(m, ta, ta, ttft_s, dur, prefix)
                 else:
-                    self._no_ready_replica(m, ta, ttft_s, dur)
+                    self._no_ready_replica(m, ta, ttft_s, dur, prefix)
         self.after_end = n - i
         self._finish(end)
         return RawResult(self, wallclock.perf_counter() - started)
 
-    def _route(self, m: _Model, t: float, arrival: float, ttft_s: float, dur: float) -> None:
-        """Send a request to the ready replica with the fewest in flight (gateway.routing)."""
+    def _route(self, m: _Model, t: float, arrival: float, ttft_s: float, dur: float,
+               prefix: tuple[int, int] | None = None) -> None:
+        """Send a request to a ready replica: without a ``prefix`` (``(hash, tokens)``) the one
+        with the fewest in flight, else by the model's policy (``routing.choose``), with
+        its prefix cache consulted and updated (module docstring)."""
         ready = m.ready
         r = ready[0]
-        if len(ready) > 1:
-            least = r.in_flight
-            for x in ready:
-                if x.in_flight < least:
-                    r, least = x, x.in_flight
+        if prefix is None:
+            if len(ready) > 1:
+                least = r.in_flight
+                for x in ready:
+                    if x.in_flight < least:
+                        r, least = x, x.in_flight
+        else:
+            key, tokens = prefix
+            chosen = choose(m.policy, [(x.id, x.in_flight) for x in ready], RouteKeys(blocks=(key,)),
+                            m.recent).replica_id
+            r = next(x for x in ready if x.id == chosen)
+            m.prefix_routed += 1
+            if r.cache.use(key):
+                m.prefix_hits += 1
+                m.prefill_tokens_saved += tokens
+                saved_s = tokens * m.prefill_s
+                ttft_s -= saved_s
+                dur -= saved_s
         r.in_flight += 1
         r.last_used = t
         if r.running < m.slots:
@@ -389,18 +427,19 @@ class Simulator:
         else:
             r.queue.append((arrival, ttft_s, dur))
 
-    def _no_ready_replica(self, m: _Model, t: float, ttft_s: float, dur: float) -> None:
+    def _no_ready_replica(self, m: _Model, t: float, ttft_s: float, dur: float,
+                          prefix: tuple[int, int] | None) -> None:
         """The gateway's cold path: hold (and want, for an on-demand model) or answer 503."""
         if m.spec.on_demand:
-            self._hold(m, t, ttft_s, dur)
+            self._hold(m, t, ttft_s, dur, prefix)
             self._want(m, t)
         elif m.coming_up:
-            self._hold(m, t, ttft_s, dur)
+            self._hold(m, t, ttft_s, dur, prefix)
         else:
             m.rejected_unservable += 1
 
-    def _hold(self, m: _Model, t: float, ttft_s: float, dur: float) -> None:
-        m.held.append((t, ttft_s, dur))
+    def _hold(self, m: _Model, t: float, ttft_s: float, dur: float, prefix: tuple[int, int] | None) -> None:
+        m.held.append((t, ttft_s, dur, prefix))
         m.held_count += 1
         self.holding.add(m)
         self.hot.add(m)
@@ -435,12 +474,12 @@ class Simulator:
         timeout = self.cold_start_timeout_s
         held = m.held
         while held:
-            arrival, ttft_s, dur = held.popleft()
+            arrival, ttft_s, dur, prefix = held.popleft()
             if t >= arrival + timeout:
                 m.rejected_timeout += 1
                 continue
             m.hold_s.append(t - arrival)
-            self._route(m, t, arrival, ttft_s, dur)
+            self._route(m, t, arrival, ttft_s, dur, prefix)
         self.holding.discard(m)
 
     def _stopped(self, t: float, r: _Rep) -> None:
@@ -766,7 +805,7 @@ class Simulator:
         """Close the books at ``end``: held requests that never got a replica timed out or
         are unfinished, as are requests still at an engine; replicas still up are billed."""
         for m in self.models:
-            for arrival, _, _ in m.held:
+            for arrival, *_ in m.held:
                 if end >= arrival + self.cold_start_timeout_s:
                     m.rejected_timeout += 1
                 else:

@@ -3,6 +3,14 @@
 A report's ``data`` is plain JSON (``--json``): the same trace, catalog, fleet and config
 give the same ``data``, byte for byte. Wall-clock timings live outside it (``wall_s``).
 Times are seconds of simulated time from the trace's start unless a key says otherwise.
+
+With a trace that carries prefixes (:mod:`fleet.simulation.traces`, issue 17) — and only
+then, so a report without them is as it always was — ``data["trace"]["prefixes"]`` counts
+the distinct prefix ids, ``totals`` and every model row that routed requests with a prefix gain
+``prefix_requests`` (requests routed to a replica with a prefix), ``prefix_hits`` (those
+whose replica had it cached), ``prefix_hit_rate`` (hits / prefix_requests, None without
+any) and ``prefill_tokens_saved`` (the prefix tokens of the hits: prefill skipped), and a
+model row also its ``routing_policy`` and ``prefix_cache_slots``.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ def build_report(raw: RawResult) -> Report:
     tot = dict.fromkeys(("requests", "served", "held", "rejected_unservable", "rejected_timeout", "cut_off",
                          "slo_met", "placements", "evictions", "idle_stops", "scale_downs", "oscillations"), 0)
     gpu_s = replica_s = 0.0
+    prefixed = sim.trace.has_prefixes
+    pre_tot = dict.fromkeys(("prefix_requests", "prefix_hits", "prefill_tokens_saved"), 0)
     for m in sim.models:
         ttft = np.frombuffer(m.ttft, dtype=np.float64) if len(m.ttft) else np.empty(0)
         hold = np.asarray(m.hold_s, dtype=np.float64)
@@ -89,6 +99,12 @@ def build_report(raw: RawResult) -> Report:
             "max_replicas": m.max_active,
             "scale_steps": len(m.steps),
         })
+        if prefixed and m.prefix_routed:
+            rows[-1].update(_prefix_counts(m.prefix_routed, m.prefix_hits, m.prefill_tokens_saved),
+                            routing_policy=m.spec.routing_policy, prefix_cache_slots=m.spec.prefix_cache_slots)
+            pre_tot["prefix_requests"] += m.prefix_routed
+            pre_tot["prefix_hits"] += m.prefix_hits
+            pre_tot["prefill_tokens_saved"] += m.prefill_tokens_saved
     rows.sort(key=lambda r: (-r["requests"], r["name"]))
     steps.sort(key=lambda s: (s["t_s"], s["model"]))
     ttft = np.concatenate(all_ttft) if all_ttft else np.empty(0)
@@ -111,11 +127,14 @@ def build_report(raw: RawResult) -> Report:
         "passes": sim.passes,
         "mean_models_per_pass": round(sim.pass_models / sim.passes, 2) if sim.passes else 0,
     }
+    if prefixed:
+        totals.update(_prefix_counts(*pre_tot.values()))
     gpus = sum(a.gpus for a in sim.fleet)
     data = {
         "label": sim.label,
         "trace": {"description": sim.trace.description, "requests": len(sim.trace),
-                  "start": sim.start.isoformat(), "models": len(sim.trace.names)},
+                  "start": sim.start.isoformat(), "models": len(sim.trace.names),
+                  **({"prefixes": len(sim.trace.prefix_ids)} if prefixed else {})},
         "catalog": {"models": len(sim.models), "on_demand": sum(1 for m in sim.models if m.spec.on_demand),
                     "with_windows": sum(1 for m in sim.models if m.spec.windows),
                     "time_zone": sim.tz},
@@ -134,6 +153,12 @@ def build_report(raw: RawResult) -> Report:
         wall_s=raw.wall_s,
         plan_wall_s=sim.plan_wall_s,
     )
+
+
+def _prefix_counts(routed: int, hits: int, saved_tokens: int) -> dict:
+    """The prefix-cache keys of a row or the totals (module docstring)."""
+    return {"prefix_requests": routed, "prefix_hits": hits, "prefix_hit_rate": _share(hits, routed),
+            "prefill_tokens_saved": saved_tokens}
 
 
 def compare(ours: Report, baseline: Report, same_within: float = 0.005) -> dict:

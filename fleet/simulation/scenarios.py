@@ -5,6 +5,11 @@ running (more replicas in office hours, load scaling on top), a set of team mode
 on demand (some kept warm in office hours), and a long tail of rarely used on-demand models,
 more models than GPUs. The benchmark (``bench/simulate_day.py``) and the README's published
 result use it; ``llmgw simulate --scenario diurnal-long-tail`` runs it.
+
+``shared_prefixes``: one busy model whose tenants each send a long system prompt ahead of
+every question (issue 17): the prefix-cache gain of ``prefix-affinity`` routing over
+``least-loaded``, estimated before it is deployed. ``llmgw simulate --scenario
+shared-prefixes`` runs it with prefix-affinity.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import numpy as np
 
 from catalog.schedules import Window
 from fleet.simulation import traces
+from fleet.planning.routing import PREFIX_AFFINITY
 from fleet.simulation.catalog import Catalog, ClusterSpec, LatencyModel, ModelSpec
 
 WEEKDAYS = (0, 1, 2, 3, 4)
-SCENARIOS = ("diurnal-long-tail",)
+SCENARIOS = ("diurnal-long-tail", "shared-prefixes")
 #: Night traffic, relative to the office-hours peak.
 NIGHT = 0.03
 
@@ -74,3 +80,42 @@ def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 
         f"diurnal long-tail day: {requests:,} requests, {models} models ({head} head, {team} team, "
         f"{tail} long tail), office hours 9–18 UTC"))
     return catalog, "8x8xH100-80G", trace
+
+
+def shared_prefixes(requests: int = 7200, seed: int = 1, tenants: int = 24, replicas: int = 4,
+                    policy: str = PREFIX_AFFINITY, duration_s: float = 3600.0,
+                    cache_slots: int = 4) -> tuple[Catalog, str, traces.Trace]:
+    """(catalog, fleet spec, trace) of tenants sharing one model, each with its own system
+    prompt.
+
+    * one model, ``assistant-70b``: 2 GPUs, kept at ``replicas`` replicas (min = max, so
+      the planner never moves them and only routing differs), 16 slots, TTFT 120 ms +
+      0.15 ms per prompt token, 40 ms per output token, TTFT SLO 1 s; routed by
+      ``policy``, ``cache_slots`` prefixes cached per replica.
+    * ``requests`` requests at uniformly random times over ``duration_s``, each from one of
+      ``tenants`` tenants (Zipf 1.0 by tenant: a few large ones, many small). A tenant's
+      prefix (``tenant-NN``) is its system prompt, 1,000–6,000 tokens (drawn once per
+      tenant); the question after it is log-normal around 150 tokens, the answer around 120.
+
+    With fewer cache slots in the fleet than tenants, least-loaded routing scatters every
+    tenant over every replica and finds its prompt cached rarely; prefix-affinity keeps a
+    tenant on its replica. Fleet ``1x8xH100-80G``. Deterministic for a ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    spec = ModelSpec(
+        name="assistant-70b", gpus_needed=2, gpu_memory_mib=81920, min_replicas=replicas, max_replicas=replicas,
+        cold_start_s=150.0, routing_policy=policy, prefix_cache_slots=cache_slots,
+        latency=LatencyModel(slots=16, ttft_base_ms=120, prefill_ms_per_token=0.15, tpot_ms=40, slo_ttft_ms=1000,
+                             measured=True))
+    system_tokens = rng.integers(1000, 6001, tenants)
+    tenant = rng.choice(tenants, size=requests, p=traces.zipf_weights(tenants, 1.0))
+    question = np.clip(np.rint(rng.lognormal(np.log(150), 0.8, requests)), 1, 4096).astype(np.int32)
+    answer = np.clip(np.rint(rng.lognormal(np.log(120), 0.8, requests)), 1, 2048).astype(np.int32)
+    t = np.sort(rng.random(requests) * duration_s)
+    trace = traces.Trace(
+        t, np.zeros(requests, dtype=np.int32), [spec.name], system_tokens[tenant] + question, answer,
+        description=f"shared prefixes: {requests:,} requests from {tenants} tenants' system prompts "
+                    f"over {duration_s / 3600:g} h, {replicas} replicas, {policy}",
+        prefix=tenant.astype(np.int32), prefix_tokens=system_tokens[tenant],
+        prefix_ids=[f"tenant-{i + 1:02d}" for i in range(tenants)], _sorted=True)
+    return Catalog((spec,), ClusterSpec()), "1x8xH100-80G", trace

@@ -5,15 +5,26 @@ A trace is a list of requests, each ``(t_s, model, prompt_tokens, output_tokens)
 once read), ``model`` a catalog name, token counts as integers. A trace also knows the wall
 clock instant of ``t_s = 0`` (``start``, aware), so schedule windows line up.
 
+**Prefixes (optional, issue 17).** A request may also carry ``prefix_id`` — a name for the
+shared start of its prompt (a tenant's system prompt, a few-shot header, a document asked
+about again), any non-empty string — and ``prefix_tokens``, that prefix's length in tokens
+(an integer, 0 ≤ ``prefix_tokens`` ≤ ``prompt_tokens``). Both or neither: a request with
+neither has no prefix worth caching. The simulator keeps prefixes in per-replica caches
+and routes by them (:mod:`fleet.simulation.prefixes`). A trace without the two fields reads
+and simulates exactly as before.
+
 File formats (``.gz`` after either suffix is read and written compressed):
 
 * **JSONL** (``.jsonl``): an optional first line ``{"trace": 1, "start": "<ISO 8601>"}``,
   then one object per request::
 
       {"t_s": 12.5, "model": "llama-3-8b", "prompt_tokens": 512, "output_tokens": 128}
+      {"t_s": 13.0, "model": "llama-3-8b", "prompt_tokens": 900, "output_tokens": 64,
+       "prefix_id": "tenant-7-system", "prefix_tokens": 700}
 
 * **CSV** (``.csv``): optional ``# start=<ISO 8601>`` comment lines, then the header
-  ``t_s,model,prompt_tokens,output_tokens`` and one row per request.
+  ``t_s,model,prompt_tokens,output_tokens`` and one row per request; with prefixes, two
+  more columns ``prefix_id,prefix_tokens``, both empty on a row without a prefix.
 
 * **Usage records** (the gateway's ``UsageRecord`` rows, exported; replayed as a trace):
   JSONL or CSV rows with an absolute time ``at`` (ISO 8601, or Unix seconds; ``timestamp``,
@@ -23,6 +34,9 @@ File formats (``.gz`` after either suffix is read and written compressed):
   much earlier. Times become ``t_s`` from the earliest arrival, which becomes the trace's
   start. :func:`read_trace` recognises them by the missing ``t_s`` column;
   :func:`from_usage` takes the rows straight from the database.
+
+A malformed row is refused with one line naming the file, its line number and the request's
+number (``day.csv:7: request 5: ...``).
 
 Generators (all deterministic for a given ``seed``): :func:`diurnal` (a working day with
 office hours), :func:`bursts` (sudden crowds on a few models), :func:`long_tail` (many
@@ -48,6 +62,10 @@ import numpy as np
 #: The default instant of ``t_s = 0``: a Monday, midnight UTC (a working day follows).
 DEFAULT_START = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 COLUMNS = ("t_s", "model", "prompt_tokens", "output_tokens")
+#: The optional per-request prefix columns (module docstring).
+PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
+#: ``Trace.prefix`` of a request without a prefix.
+NO_PREFIX = -1
 _TIME_KEYS = ("at", "timestamp", "started_at", "created")
 
 
@@ -57,6 +75,12 @@ class Trace:
 
     ``t_s``: float64 seconds since ``start``, sorted; ``model``: int32 indices into
     ``names``; ``prompt_tokens`` / ``output_tokens``: int32.
+
+    Prefixes (optional; None when the trace has none, see the module docstring):
+    ``prefix``: int32 indices into ``prefix_ids`` (:data:`NO_PREFIX` for a request without
+    one); ``prefix_tokens``: int32, the prefix's length in tokens (0 without one). Raises
+    ValueError for columns of different lengths, a prefix longer than its prompt, or an
+    index outside ``prefix_ids``.
     """
 
     t_s: np.ndarray
@@ -66,6 +90,9 @@ class Trace:
     output_tokens: np.ndarray
     start: datetime = DEFAULT_START
     description: str = ""
+    prefix: np.ndarray | None = None
+    prefix_tokens: np.ndarray | None = None
+    prefix_ids: list[str] = field(default_factory=list)
     _sorted: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,12 +104,30 @@ class Trace:
             raise ValueError("trace columns have different lengths")
         if len(self.t_s) and (np.any(self.t_s < 0) or not np.all(np.isfinite(self.t_s))):
             raise ValueError("trace times must be finite and >= 0 seconds")
+        columns = ["t_s", "model", "prompt_tokens", "output_tokens"]
+        if (self.prefix is None) != (self.prefix_tokens is None):
+            raise ValueError("a trace's prefix and prefix_tokens come together")
+        if self.prefix is not None:
+            self.prefix = np.asarray(self.prefix, dtype=np.int32)
+            self.prefix_tokens = np.asarray(self.prefix_tokens, dtype=np.int32)
+            if not (len(self.prefix) == len(self.prefix_tokens) == len(self.t_s)):
+                raise ValueError("trace columns have different lengths")
+            if len(self.prefix) and (self.prefix.min() < NO_PREFIX or self.prefix.max() >= len(self.prefix_ids)):
+                raise ValueError("a trace's prefix indices must point into prefix_ids (or be -1)")
+            if np.any(self.prefix_tokens < 0) or np.any(self.prefix_tokens > self.prompt_tokens):
+                raise ValueError("a prefix's tokens must be between 0 and its prompt's tokens")
+            columns += ["prefix", "prefix_tokens"]
         if not self._sorted:
             order = np.argsort(self.t_s, kind="stable")
             if np.any(order != np.arange(len(order))):
-                for name in ("t_s", "model", "prompt_tokens", "output_tokens"):
+                for name in columns:
                     setattr(self, name, getattr(self, name)[order])
             self._sorted = True
+
+    @property
+    def has_prefixes(self) -> bool:
+        """Whether the trace carries prefix columns (even if no request has a prefix)."""
+        return self.prefix is not None
 
     def __len__(self) -> int:
         return len(self.t_s)
@@ -104,18 +149,45 @@ class Trace:
                               self.prompt_tokens.tolist(), self.output_tokens.tolist()):
             yield t, names[m], p, o
 
+    def prefix_rows(self) -> Iterable[tuple[float, str, int, int, str | None, int]]:
+        """:meth:`rows` with ``(prefix_id or None, prefix_tokens)`` added; (None, 0) for
+        every request of a trace without prefixes."""
+        n = len(self)
+        pre = self.prefix.tolist() if self.prefix is not None else [NO_PREFIX] * n
+        toks = self.prefix_tokens.tolist() if self.prefix_tokens is not None else [0] * n
+        ids = self.prefix_ids
+        for (t, m, p, o), x, k in zip(self.rows(), pre, toks):
+            yield t, m, p, o, (ids[x] if x != NO_PREFIX else None), k
+
 
 def from_rows(rows: Iterable[Sequence], start: datetime = DEFAULT_START, description: str = "") -> Trace:
-    """A trace from ``(t_s, model, prompt_tokens, output_tokens)`` rows, in any order."""
+    """A trace from ``(t_s, model, prompt_tokens, output_tokens)`` rows, in any order, or
+    ``(t_s, model, prompt_tokens, output_tokens, prefix_id, prefix_tokens)`` rows (prefix_id
+    None or "" for a request without a prefix, then prefix_tokens is ignored). The trace has
+    prefix columns when any row has six fields. Raises ValueError as :class:`Trace` does."""
     index: dict[str, int] = {}
-    t_s, model, prompt, output = [], [], [], []
-    for t, name, p, o in rows:
+    prefixes: dict[str, int] = {}
+    t_s, model, prompt, output, prefix, prefix_tokens = [], [], [], [], [], []
+    with_prefixes = False
+    for row in rows:
+        t, name, p, o = row[:4]
         t_s.append(float(t))
         model.append(index.setdefault(str(name), len(index)))
         prompt.append(int(p))
         output.append(int(o))
+        pid = row[4] if len(row) > 4 else None
+        if len(row) > 4:
+            with_prefixes = True
+        if pid is None or pid == "":
+            prefix.append(NO_PREFIX)
+            prefix_tokens.append(0)
+        else:
+            prefix.append(prefixes.setdefault(str(pid), len(prefixes)))
+            prefix_tokens.append(int(row[5]))
     return Trace(np.array(t_s, dtype=np.float64), np.array(model, dtype=np.int32), list(index),
-                 np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32), start, description)
+                 np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32), start, description,
+                 np.array(prefix, dtype=np.int32) if with_prefixes else None,
+                 np.array(prefix_tokens, dtype=np.int32) if with_prefixes else None, list(prefixes))
 
 
 def merge(*traces: Trace, description: str = "") -> Trace:
@@ -124,15 +196,27 @@ def merge(*traces: Trace, description: str = "") -> Trace:
         raise ValueError("merge() needs at least one trace")
     start = traces[0].start
     index: dict[str, int] = {}
+    prefixes: dict[str, int] = {}
+    with_prefixes = any(tr.has_prefixes for tr in traces)
     parts = []
     for tr in traces:
         if tr.start != start:
             raise ValueError("traces to merge must share their start instant")
         remap = np.array([index.setdefault(n, len(index)) for n in tr.names] or [0], dtype=np.int32)
-        parts.append((tr.t_s, remap[tr.model] if len(tr) else tr.model, tr.prompt_tokens, tr.output_tokens))
-    cat = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+        part = [tr.t_s, remap[tr.model] if len(tr) else tr.model, tr.prompt_tokens, tr.output_tokens]
+        if with_prefixes:
+            if tr.prefix is None:
+                part += [np.full(len(tr), NO_PREFIX, dtype=np.int32), np.zeros(len(tr), dtype=np.int32)]
+            else:
+                # One slot more, at the end, so that NO_PREFIX (-1) maps to itself.
+                pmap = np.array([prefixes.setdefault(x, len(prefixes)) for x in tr.prefix_ids] + [NO_PREFIX],
+                                dtype=np.int32)
+                part += [pmap[tr.prefix], tr.prefix_tokens]
+        parts.append(part)
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
     return Trace(cat[0], cat[1], list(index), cat[2], cat[3], start,
-                 description or " + ".join(t.description for t in traces if t.description))
+                 description or " + ".join(t.description for t in traces if t.description),
+                 cat[4] if with_prefixes else None, cat[5] if with_prefixes else None, list(prefixes))
 
 
 # --- Files ---------------------------------------------------------------------------------
@@ -161,21 +245,33 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         if kind == "jsonl":
             f.write(json.dumps({"trace": 1, "start": trace.start.isoformat(), "description": trace.description}) + "\n")
             quoted = [json.dumps(n) for n in trace.names]
-            f.writelines(
-                f'{{"t_s": {t:.6f}, "model": {quoted[m]}, "prompt_tokens": {p}, "output_tokens": {o}}}\n'
-                for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
-                                      trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
-            )
+            if not trace.has_prefixes:
+                f.writelines(
+                    f'{{"t_s": {t:.6f}, "model": {quoted[m]}, "prompt_tokens": {p}, "output_tokens": {o}}}\n'
+                    for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
+                                          trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
+                )
+            else:
+                f.writelines(
+                    f'{{"t_s": {t:.6f}, "model": {json.dumps(m)}, "prompt_tokens": {p}, "output_tokens": {o}'
+                    + ("" if pid is None else f', "prefix_id": {json.dumps(pid)}, "prefix_tokens": {k}') + "}\n"
+                    for t, m, p, o, pid, k in trace.prefix_rows()
+                )
         else:
             f.write(f"# start={trace.start.isoformat()}\n")
             writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(COLUMNS)
-            names = trace.names
-            writer.writerows(
-                (f"{t:.6f}", names[m], p, o)
-                for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
-                                      trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
-            )
+            if not trace.has_prefixes:
+                writer.writerow(COLUMNS)
+                names = trace.names
+                writer.writerows(
+                    (f"{t:.6f}", names[m], p, o)
+                    for t, m, p, o in zip(trace.t_s.tolist(), trace.model.tolist(),
+                                          trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
+                )
+            else:
+                writer.writerow(COLUMNS + PREFIX_COLUMNS)
+                writer.writerows((f"{t:.6f}", m, p, o, "" if pid is None else pid, "" if pid is None else k)
+                                 for t, m, p, o, pid, k in trace.prefix_rows())
     return path
 
 
@@ -186,10 +282,11 @@ def _parse_instant(value) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _records(path: Path) -> tuple[dict, list[dict]]:
-    """(header, rows as dicts) of a JSONL or CSV file."""
+def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
+    """(header, rows as dicts, each row's line number in the file) of a JSONL or CSV file."""
     header: dict = {}
     rows: list[dict] = []
+    numbers: list[int] = []
     with _open_text(path, "r") as f:
         if _kind(path) == "jsonl":
             for number, line in enumerate(f, 1):
@@ -206,42 +303,81 @@ def _records(path: Path) -> tuple[dict, list[dict]]:
                     header = obj
                     continue
                 rows.append(obj)
+                numbers.append(number)
         else:
-            lines = []
-            for line in f:
+            lines, physical = [], []
+            for number, line in enumerate(f, 1):
                 if line.startswith("#"):
                     key, _, value = line[1:].strip().partition("=")
                     header[key.strip()] = value.strip()
                 else:
                     lines.append(line)
-            rows = list(csv.DictReader(lines))
-    return header, rows
+                    physical.append(number)
+            reader = csv.DictReader(lines)
+            for row in reader:
+                rows.append(row)
+                numbers.append(physical[reader.line_num - 1])
+    return header, rows, numbers
+
+
+def _prefix_of(row: dict, prompt_tokens: int, from_json: bool) -> tuple[str | None, int]:
+    """A row's ``(prefix_id, prefix_tokens)``, (None, 0) without a prefix; ValueError saying
+    what is wrong (both or neither; a non-empty string; an integer within the prompt)."""
+    pid, tokens = row.get("prefix_id"), row.get("prefix_tokens")
+    if pid in (None, "") and tokens in (None, ""):
+        return None, 0
+    if pid in (None, "") or tokens in (None, ""):
+        raise ValueError("prefix_id and prefix_tokens come together (give both or neither)")
+    if not isinstance(pid, str):
+        raise ValueError(f"prefix_id must be a string, not {pid!r}")
+    if from_json and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+        raise ValueError(f"prefix_tokens must be an integer, not {tokens!r}")
+    try:
+        count = int(tokens)
+    except ValueError:
+        raise ValueError(f"prefix_tokens must be an integer, not {tokens!r}") from None
+    if not 0 <= count <= prompt_tokens:
+        raise ValueError(f"prefix_tokens ({count}) must be between 0 and prompt_tokens ({prompt_tokens})")
+    return pid, count
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read a trace file, or a usage-record export (see the module docstring).
+    """Read a trace file, or a usage-record export (see the module docstring); with the
+    optional ``prefix_id`` / ``prefix_tokens`` fields the trace has prefixes.
 
-    Raises ValueError naming the file and line for a malformed row."""
+    Raises ValueError, one line naming the file, the line and the request, for a malformed row."""
     path = Path(path)
-    header, rows = _records(path)
+    header, rows, numbers = _records(path)
     if rows and "t_s" not in rows[0]:
-        return _from_usage_rows(path, rows)
+        return _from_usage_rows(path, rows, numbers)
     start = _parse_instant(header["start"]) if header.get("start") else DEFAULT_START
+    from_json = _kind(path) == "jsonl"
+    with_prefixes = any(k in row for row in rows for k in PREFIX_COLUMNS) if from_json else (
+        bool(rows) and any(k in rows[0] for k in PREFIX_COLUMNS))
 
     def parsed():
-        for number, row in enumerate(rows, 1):
+        for number, (line, row) in enumerate(zip(numbers, rows), 1):
             try:
-                yield float(row["t_s"]), row["model"], int(row["prompt_tokens"]), int(row["output_tokens"])
+                t, model, prompt, output = (float(row["t_s"]), row["model"], int(row["prompt_tokens"]),
+                                            int(row["output_tokens"]))
             except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}: request {number}: need t_s, model, prompt_tokens, "
+                raise ValueError(f"{path}:{line}: request {number}: need t_s, model, prompt_tokens, "
                                  f"output_tokens ({exc!r})") from None
+            if not with_prefixes:
+                yield t, model, prompt, output
+                continue
+            try:
+                pid, tokens = _prefix_of(row, prompt, from_json)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line}: request {number}: {exc}") from None
+            yield t, model, prompt, output, pid, tokens
 
     return from_rows(parsed(), start, str(header.get("description") or path.name))
 
 
-def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
+def _from_usage_rows(path: Path, rows: list[dict], numbers: list[int]) -> Trace:
     records = []
-    for number, row in enumerate(rows, 1):
+    for number, (line, row) in enumerate(zip(numbers, rows), 1):
         try:
             key = next(k for k in _TIME_KEYS if row.get(k) not in (None, ""))
             model = row.get("model") or row["model_name"]
@@ -250,7 +386,7 @@ def _from_usage_rows(path: Path, rows: list[dict]) -> Trace:
             records.append((_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
                             _int_or_none(out), float(total) if total not in (None, "") else None))
         except (StopIteration, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: record {number}: need at (or timestamp), model (or model_name), "
+            raise ValueError(f"{path}:{line}: record {number}: need at (or timestamp), model (or model_name), "
                              f"prompt_tokens, completion_tokens ({exc!r})") from None
     return from_usage(records, f"usage records replayed from {path.name}")
 

@@ -2,7 +2,9 @@
 
 Runs a trace through a simulated fleet in simulated time, with the real planner deciding
 (``fleet.simulation``); reports per model and in total, against a static fleet sized for the
-peak, and saves a plot of GPUs and replicas over time.
+peak, and saves a plot of GPUs and replicas over time. A trace whose requests carry prefixes
+(``prefix_id``, ``prefix_tokens``) also gets each model's prefix-cache hit rate and the
+prefill tokens saved, routed by the catalog's ``routing_policy`` (issue 17).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fleet.simulation import (
     read_catalog,
     simulate,
 )
-from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail
+from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, shared_prefixes
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Simulate a trace on a fleet with the real planner: requests served, held and rejected, TTFT "
@@ -35,22 +37,31 @@ HELP = ("Simulate a trace on a fleet with the real planner: requests served, hel
 
 EPILOG = """examples:
   llmgw simulate --scenario diurnal-long-tail                     the published day (1M requests, 200 models)
+  llmgw simulate --scenario shared-prefixes                       tenants' system prompts, prefix-affinity
   llmgw simulate --trace day.jsonl --catalog catalog.yaml --fleet 8x8xH100-80G
   llmgw simulate --usage-records --since 24h --from-db            replay the last day of this cluster
 trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/simulation/traces.py);
-usage-record exports (at, model, prompt_tokens, completion_tokens, total_ms) are replayed too."""
+usage-record exports (at, model, prompt_tokens, completion_tokens, total_ms) are replayed too.
+prefixes: a trace may add per request prefix_id (a name for the prompt's shared start, e.g. a
+  tenant's system prompt) and prefix_tokens (its length, 0..prompt_tokens), both or neither (CSV:
+  two more columns, empty without a prefix). Replicas then keep a prefix cache (the catalog's
+  prefix_cache_slots per model, default 4, LRU), requests route by the model's routing_policy
+  (least-loaded, prefix-affinity, session), and a cached prefix skips prefix_tokens x
+  prefill_ms_per_token of TTFT; the report adds the hit rate and prefill tokens saved."""
 
 
 def add_arguments(parser) -> None:
     parser.epilog = EPILOG
     source = parser.add_argument_group("what to simulate")
-    source.add_argument("--trace", metavar="FILE", help="trace or usage-record export (.jsonl/.csv, optionally .gz)")
+    source.add_argument("--trace", metavar="FILE", help="trace or usage-record export (.jsonl/.csv, optionally "
+                        ".gz); optional prefix_id and prefix_tokens per request (see below)")
     source.add_argument("--usage-records", action="store_true",
                         help="replay this cluster's usage records from the database as the trace")
     source.add_argument("--since", default="24h", help="with --usage-records: ISO 8601 instant or a span like 24h, 7d")
     source.add_argument("--scenario", choices=SCENARIOS, help="a ready-made catalog, fleet and trace")
-    source.add_argument("--requests", type=int, default=1_000_000, help="with --scenario (default 1,000,000)")
-    source.add_argument("--models", type=int, default=200, help="with --scenario (default 200)")
+    source.add_argument("--requests", type=int, default=None, help="with --scenario (default 1,000,000 for "
+                        "diurnal-long-tail, 7,200 for shared-prefixes)")
+    source.add_argument("--models", type=int, default=200, help="with --scenario diurnal-long-tail (default 200)")
     source.add_argument("--seed", type=int, default=1, help="with --scenario: the trace's seed (default 1)")
     source.add_argument("--catalog", metavar="FILE", help="catalog file (.json, .yaml)")
     source.add_argument("--from-db", action="store_true", help="the catalog (and, without --fleet, the agents) "
@@ -92,8 +103,11 @@ def _usage_trace(since: datetime) -> traces.Trace:
 def _inputs(options):
     """(catalog, fleet, trace, name) from the options; ValueError for what is missing."""
     fleet = parse_fleet(options["fleet"]) if options["fleet"] else ()
+    if options["scenario"] == "shared-prefixes":
+        catalog, spec, trace = shared_prefixes(options["requests"] or 7200, options["seed"])
+        return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
     if options["scenario"]:
-        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"], options["seed"])
+        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"] or 1_000_000, options["seed"])
         return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
     if bool(options["catalog"]) == bool(options["from_db"]):
         raise ValueError("give the catalog: --catalog FILE or --from-db (or --scenario)")
@@ -177,6 +191,22 @@ _TOTALS = [
 ]
 
 
+def _print_prefixes(out, ours, base, top) -> None:
+    """The prefix caches' table: per model with prefixed requests, and in total (with the
+    baseline's, which routes as the catalog says on its static fleet)."""
+    rows = [m for m in ours.data["models"] if "prefix_requests" in m][:top]
+    theirs = {m["name"]: m for m in base.data["models"]} if base else {}
+    lines = [[m["name"], m["routing_policy"], _fmt(m["prefix_cache_slots"]), _fmt(m["prefix_requests"]),
+              _fmt(m["prefix_hit_rate"], "%"), _fmt(m["prefill_tokens_saved"])]
+             + ([_fmt(theirs.get(m["name"], {}).get("prefix_hit_rate"), "%")] if base else []) for m in rows]
+    t = ours.totals
+    lines.append(["all", "", "", _fmt(t["prefix_requests"]), _fmt(t["prefix_hit_rate"], "%"),
+                  _fmt(t["prefill_tokens_saved"])] + ([_fmt(base.totals.get("prefix_hit_rate"), "%")] if base else []))
+    out.print(table(f"prefix cache ({ours.data['trace']['prefixes']:,} prefixes in the trace)",
+                    ["model", "routing", "slots", "with a prefix", "hit rate", "prefill tokens saved"]
+                    + (["hit rate, static"] if base else []), lines))
+
+
 def _print(out, ours, base, comparison, png, wall_s, top) -> None:
     d = ours.data
     out.print(f"[bold]{d['trace']['description']}[/]")
@@ -187,6 +217,8 @@ def _print(out, ours, base, comparison, png, wall_s, top) -> None:
     rows = [[label, _fmt(ours.totals[key], kind)] + ([_fmt(base.totals[key], kind)] if base else [])
             for key, label, kind in _TOTALS]
     out.print(table("totals", columns, rows))
+    if "prefix_requests" in ours.totals:
+        _print_prefixes(out, ours, base, top)
     models = d["models"][:top]
     out.print(table(
         f"models (top {len(models)} of {len(d['models'])} by requests; --json for all)",
