@@ -45,15 +45,20 @@ def prompt_bytes(path: str, body: dict) -> bytes:
     """The request's prompt as bytes in the order its engine reads it (``b""`` when the
     endpoint has no prompt to share): the tools (engines render them first), then for chat
     each message's role and content (text parts by their text), for a completion its prompt
-    (the first of a list). Only a prefix of it is hashed."""
+    (the first of a list). Only a prefix of it is hashed (messages past the first
+    ``BLOCK_BYTES · MAX_BLOCKS`` bytes are left out)."""
     parts: list[bytes] = []
     tools = body.get("tools")
     if tools:
         parts.append(_text(tools))
     if path == "chat/completions":
+        size, enough = 0, BLOCK_BYTES * MAX_BLOCKS
         for message in body.get("messages") or ():
             if isinstance(message, dict):
                 parts.append(_text(message.get("role")) + b":" + _text(message.get("content")))
+                size += len(parts[-1]) + 1
+                if size >= enough:  # the rest is never hashed
+                    break
     elif path == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
