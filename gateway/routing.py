@@ -48,8 +48,8 @@ def prompt_bytes(path: str, body: dict) -> bytes:
     (the first of a list). Only a prefix of it is hashed."""
     parts: list[bytes] = []
     tools = body.get("tools")
-    if tools:
-        parts.append(_text(tools))
+    if tools:  # the whole list as JSON: read as content parts, each tool would lose its bounds
+        parts.append(json.dumps(tools, sort_keys=True, default=str).encode())
     if path == "chat/completions":
         for message in body.get("messages") or ():
             if isinstance(message, dict):
