@@ -182,6 +182,9 @@ def test_recent_routes_answer_the_deepest_remembered_block_of_a_live_replica():
     assert recent.deepest([1, 2, 3, 4, 5], {20}, ANCHOR_BLOCKS) == 20  # 10 is gone: the next deepest
     assert recent.deepest([1, 2, 3, 4, 5], {30}, ANCHOR_BLOCKS) is None
     assert recent.deepest([], {10, 20}, 1) is None
+    # A depth of 0 or less looks at every key, once (index -1 is not the last key again).
+    assert recent.deepest([], {10, 20}, 0) is None
+    assert recent.deepest([1, 2, 3, 4, 5], {10}, 0) == recent.deepest([1, 2, 3, 4, 5], {10}, 1) == 10
 
 
 def test_a_shallow_match_below_the_anchor_depth_is_not_used():
