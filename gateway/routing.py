@@ -49,8 +49,8 @@ def prompt_bytes(path: str, body: dict) -> bytes:
     ``BLOCK_BYTES · MAX_BLOCKS`` bytes are left out)."""
     parts: list[bytes] = []
     tools = body.get("tools")
-    if tools:
-        parts.append(_text(tools))
+    if tools:  # the whole list as JSON: read as content parts, each tool would lose its bounds
+        parts.append(json.dumps(tools, sort_keys=True, default=str).encode())
     if path == "chat/completions":
         size, enough = 0, BLOCK_BYTES * MAX_BLOCKS
         for message in body.get("messages") or ():

@@ -128,9 +128,9 @@ class RecentRoutes:
     def deepest(self, keys: Sequence[int], alive: Container[int], at_least: int) -> int | None:
         """The replica remembered for the deepest of ``keys`` (chained hashes, shallowest
         first) whose replica is in ``alive``, looking no shallower than index
-        ``at_least - 1``; None if there is none."""
+        ``at_least - 1`` (``at_least`` below 1 counts as 1: every key); None if there is none."""
         where = self._where
-        for i in range(len(keys) - 1, at_least - 2, -1):
+        for i in range(len(keys) - 1, max(at_least, 1) - 2, -1):
             rid = where.get(keys[i])
             if rid is not None and rid in alive:
                 return rid
