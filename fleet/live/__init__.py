@@ -97,7 +97,9 @@ def in_flight(replica_id: int) -> int:
     return usage.in_flight.get(replica_id, 0)
 
 
-_turn = itertools.count()
+#: Model id → its turn counter: ties take turns per model (one counter for all models would
+#: give a model whose requests interleave with another's every other turn only).
+_turns: dict[int, itertools.count] = {}
 #: Model id → where this process sent that model's prompt prefixes and sessions lately.
 _recent: dict[int, RecentRoutes] = {}
 
@@ -118,7 +120,11 @@ def route(endpoints: tuple[Endpoint, ...], policy: str = LEAST_LOADED, keys: Rou
         recent = _recent.get(candidates[0].model_id)
         if recent is None:
             recent = _recent[candidates[0].model_id] = RecentRoutes()
-    decision = choose(policy, loads, keys, recent, next(_turn))
+    model_id = candidates[0].model_id
+    turns = _turns.get(model_id)
+    if turns is None:
+        turns = _turns[model_id] = itertools.count()
+    decision = choose(policy, loads, keys, recent, next(turns))
     return next(e for e in candidates if e.replica_id == decision.replica_id), decision
 
 
