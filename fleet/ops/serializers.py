@@ -115,6 +115,8 @@ class ModelStatusSerializer(serializers.Serializer):
     ready = serializers.IntegerField()
     on_demand = serializers.BooleanField()
     external = serializers.BooleanField()
+    routing_policy = serializers.CharField(help_text="How requests choose among its replicas: one of "
+                                           + ", ".join(RoutingPolicy.values) + " (none apply to an external model).")
     reason = serializers.CharField(required=False, help_text="Present when ready ≠ desired or unservable.")
 
 
