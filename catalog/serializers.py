@@ -62,9 +62,10 @@ class ProfileSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSe
                   "endpoints", "served_endpoints", "notes"]
 
 
-#: The 400 for a ``routing_policy`` that is not one (DRF fills in ``{input}``): it names the choices.
-NOT_A_ROUTING_POLICY = ("'{input}' is not a routing policy: choose "
-                        + ", ".join(RoutingPolicy.values[:-1]) + " or " + RoutingPolicy.values[-1] + ".")
+_ROUTING_CHOICES = ", ".join(RoutingPolicy.values[:-1]) + " or " + RoutingPolicy.values[-1]
+#: The 400s for a ``routing_policy`` that is not one (DRF fills in ``{input}``): they name the choices.
+NOT_A_ROUTING_POLICY = f"'{{input}}' is not a routing policy: choose {_ROUTING_CHOICES}."
+NO_ROUTING_POLICY = f"null is not a routing policy: choose {_ROUTING_CHOICES}."
 
 
 class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
@@ -91,7 +92,8 @@ class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSeri
                   "token_limits", "external_forward_org_headers", "routing_policy",
                   "desired", "reason", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at", "weights_context_length"]
-        extra_kwargs = {"routing_policy": {"error_messages": {"invalid_choice": NOT_A_ROUTING_POLICY}}}
+        extra_kwargs = {"routing_policy": {"error_messages": {"invalid_choice": NOT_A_ROUTING_POLICY,
+                                                              "null": NO_ROUTING_POLICY}}}
 
     def validate(self, attrs: dict) -> dict:
         # Written, never read: nor sent to a new address by whoever may change the URL.

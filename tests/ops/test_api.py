@@ -584,11 +584,11 @@ def test_the_routing_policy_is_read_and_written_and_a_value_that_is_none_is_a_40
     answer = staff.patch(f"/api/models/{fresh.pk}/", {"routing_policy": "prefix-affinity"}, format="json")
     assert answer.status_code == 200 and answer.json()["routing_policy"] == "prefix-affinity"
     assert Model.objects.get(pk=fresh.pk).routing_policy == "prefix-affinity"
-    for bad in ("round-robin", "", 3):
+    for bad, shown in (("round-robin", "'round-robin'"), ("", "''"), (3, "'3'"), (None, "null")):
         answer = staff.patch(f"/api/models/{fresh.pk}/", {"routing_policy": bad}, format="json")
         assert answer.status_code == 400, (bad, answer.content)
         assert answer.json() == {"routing_policy": [
-            f"'{bad}' is not a routing policy: choose least-loaded, prefix-affinity or session."]}
+            f"{shown} is not a routing policy: choose least-loaded, prefix-affinity or session."]}
     assert Model.objects.get(pk=fresh.pk).routing_policy == "prefix-affinity"
 
 
