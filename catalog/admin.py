@@ -208,20 +208,24 @@ class WeightsGuardForm(ModelAdminForm):
 class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin):
     """Catalog models. Without the engine-code permission, ``pypi:``/``file:`` weights
     are read-only and cannot be set. The external provider key is write-only, and never
-    a filter."""
+    a filter. The routing policy has its own fieldset and is a filter, not a column (the
+    list is full at 1366 px)."""
 
     secret_fields = ("external_api_key",)
 
     list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at",
                     "wanted_since", "last_used", "status")
     inlines = [ScheduleWindowInline, BenchmarkInline]
-    list_filter = ("on_demand", "profile")
+    list_filter = ("on_demand", "routing_policy", "profile")
     search_fields = ("name", "aliases", "weights")
     list_select_related = ("profile", "fleet_state")
     fieldsets = (
         (None, {"fields": ("name", "aliases")}),
         ("Served here", {"fields": ("profile", "weights")}),
         ("Scaling", {"fields": ("min_replicas", "max_replicas", "on_demand", "idle_timeout_s")}),
+        ("Routing", {"fields": ("routing_policy",),
+                     "description": "Which of its replicas a request goes to. It does not apply to an external "
+                     "model: its requests go to its base URL."}),
         ("Requests", {"fields": ("default_max_tokens", "endpoints", "context_length", "max_output_tokens",
                                  "weights_context_length", "limits")}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key",

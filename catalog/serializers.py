@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from catalog.models import KEY_STAYS_WITH_ITS_URL, Model, Profile, ScheduleWindow
+from catalog.models import KEY_STAYS_WITH_ITS_URL, Model, Profile, RoutingPolicy, ScheduleWindow
 from llmgw.rest import RefuseUnknownFields
 
 
@@ -62,12 +62,20 @@ class ProfileSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSe
                   "endpoints", "served_endpoints", "notes"]
 
 
+_ROUTING_CHOICES = ", ".join(RoutingPolicy.values[:-1]) + " or " + RoutingPolicy.values[-1]
+#: The 400s for a ``routing_policy`` that is not one (DRF fills in ``{input}``): they name the choices.
+NOT_A_ROUTING_POLICY = f"'{{input}}' is not a routing policy: choose {_ROUTING_CHOICES}."
+NO_ROUTING_POLICY = f"null is not a routing policy: choose {_ROUTING_CHOICES}."
+
+
 class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSerializer):
     """A catalog model. ``external_api_key`` is write-only (``external_api_key_set`` says
     whether one is stored), and changing ``external_base_url`` needs it given again (or
     empty); ``desired`` and ``reason`` are the last reconcile pass's word. ``context_length``
     and ``max_output_tokens`` are the operator's; ``weights_context_length`` is detected
-    (read-only); ``token_limits`` and ``served_endpoints`` are what is in force."""
+    (read-only); ``token_limits`` and ``served_endpoints`` are what is in force.
+    ``routing_policy`` is one of ``catalog.models.RoutingPolicy`` (default least-loaded;
+    anything else is a 400 naming the choices); changing it restarts no replica."""
 
     external_api_key = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500)
     external_api_key_set = serializers.SerializerMethodField()
@@ -81,9 +89,11 @@ class ModelSerializer(RefuseUnknownFields, FullCleanMixin, serializers.ModelSeri
         fields = ["id", "name", "aliases", "weights", "profile", "min_replicas", "max_replicas", "on_demand",
                   "idle_timeout_s", "default_max_tokens", "external_base_url", "external_api_key", "external_api_key_set",
                   "endpoints", "served_endpoints", "context_length", "max_output_tokens", "weights_context_length",
-                  "token_limits", "external_forward_org_headers",
+                  "token_limits", "external_forward_org_headers", "routing_policy",
                   "desired", "reason", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at", "weights_context_length"]
+        extra_kwargs = {"routing_policy": {"error_messages": {"invalid_choice": NOT_A_ROUTING_POLICY,
+                                                              "null": NO_ROUTING_POLICY}}}
 
     def validate(self, attrs: dict) -> dict:
         # Written, never read: nor sent to a new address by whoever may change the URL.

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from django.db.models import Max
 
-from catalog.models import ClusterSettings, Model
+from catalog.models import ClusterSettings, Model, RoutingPolicy
 from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
 from fleet.ops import cluster as read
 from fleet.states import COMING_UP, HOLDS_RESOURCES, ReplicaState
@@ -113,6 +113,14 @@ class ModelRow:
     reason_at: datetime | None
     wanted_at: datetime | None
     unservable: bool
+    #: ``catalog.models.RoutingPolicy``'s value.
+    routing_policy: str
+
+    @property
+    def routing_badge(self) -> str:
+        """The policy's name where it is worth a badge: not the default (least-loaded), and
+        the model is served here (an external model's requests go to its base URL)."""
+        return "" if self.external or self.routing_policy == RoutingPolicy.LEAST_LOADED else self.routing_policy
 
 
 @dataclass(frozen=True)
@@ -258,7 +266,7 @@ def load(now: datetime | None = None) -> Dashboard:
             external=m.is_external,
             reason=read.model_reason(st),
             reason_at=st.reason_at if st else None, wanted_at=st.wanted_at if st else None,
-            unservable=bool(st and st.unservable),
+            unservable=bool(st and st.unservable), routing_policy=m.routing_policy,
         ))
     events = tuple(
         EventRow(e.at, e.model.name, e.from_replicas, e.to_replicas, e.reason)

@@ -110,7 +110,8 @@ def cluster_status() -> dict:
     """Everything ``llmgw status`` shows, as plain data (JSON-ready). An agent's
     ``connected`` is the read model's *alive* (``fleet.ops.cluster``: connected and heard
     from); replica states and ready counts are the read model's too (on a lost agent, what
-    the next pass makes them)."""
+    the next pass makes them). Each model names its ``routing_policy`` (in ``--json`` only:
+    ``llmgw explain`` says it in words)."""
     at = read.moment()
     cluster = ClusterSettings.get_solo()
     gpus_by_agent: dict[int, list[Gpu]] = {}
@@ -142,7 +143,8 @@ def cluster_status() -> dict:
         state = states.get(model.pk)
         desired = state.desired if state else 0
         entry = {"name": model.name, "desired": desired, "ready": ready.get(model.pk, 0),
-                 "on_demand": model.on_demand, "external": model.is_external}
+                 "on_demand": model.on_demand, "external": model.is_external,
+                 "routing_policy": model.routing_policy}
         if not read.looked_at(state):
             entry["reason"] = read.NOT_LOOKED_AT
         elif entry["ready"] != desired or state.unservable:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from catalog.models import RoutingPolicy
 from fleet.control.specs import spec_hash
 from fleet.models import Agent, Gpu, Replica
 from fleet.ops import cluster as read
@@ -114,6 +115,8 @@ class ModelStatusSerializer(serializers.Serializer):
     ready = serializers.IntegerField()
     on_demand = serializers.BooleanField()
     external = serializers.BooleanField()
+    routing_policy = serializers.CharField(help_text="How requests choose among its replicas: one of "
+                                           + ", ".join(RoutingPolicy.values) + " (none apply to an external model).")
     reason = serializers.CharField(required=False, help_text="Present when ready ≠ desired or unservable.")
 
 
@@ -175,6 +178,17 @@ class ExplainLimitsSerializer(serializers.Serializer):
     text = serializers.CharField(help_text="The limits in words.")
 
 
+class ExplainRoutingSerializer(serializers.Serializer):
+    """How the gateway chooses among a model's replicas (``fleet.ops.explain.routing_info``)."""
+
+    # A CharField: a second enum of the same choices would be a second schema name for them.
+    policy = serializers.CharField(help_text="The model's routing_policy: one of "
+                                   + ", ".join(RoutingPolicy.values) + ".")
+    applies = serializers.BooleanField(help_text="False for an external model: its requests go to its base URL.")
+    text = serializers.CharField(help_text="The rule in words, with the load bound's figures. /metrics counts "
+                                 "each choice: llmgw_routing_decisions_total{model,policy,outcome}.")
+
+
 class ExplainSerializer(serializers.Serializer):
     """``llmgw explain MODEL --json``: why a model has the replicas it has."""
 
@@ -205,3 +219,4 @@ class ExplainSerializer(serializers.Serializer):
     last_failure = serializers.CharField(allow_null=True, help_text="The newest failed replica's error.")
     replicas = ExplainReplicaSerializer(many=True)
     limits = ExplainLimitsSerializer()
+    routing = ExplainRoutingSerializer()

@@ -5,7 +5,8 @@ import json
 from catalog.models import Model
 from fleet.ops.explain import explain_model
 
-HELP = "Explain a model's state: desired and ready replicas, demand, last use, placement reason."
+HELP = ("Explain a model's state: desired and ready replicas, demand, last use, placement reason, routing "
+        "policy.")
 
 
 def add_arguments(parser) -> None:
@@ -29,6 +30,7 @@ def run(options, stdout, stderr) -> int:
     stdout.write(f"  why:         {info['reason']}\n")
     stdout.write(f"  limits:      {info['limits']['text']}\n")
     stdout.write(f"  endpoints:   {', '.join(info['limits']['served_endpoints'])}\n")
+    stdout.write(f"  routing:     {info['routing']['text']}\n")
     if info.get("engine_protected") is False:
         stdout.write("  UNPROTECTED: its profile starts engines without {api_key}: anyone who reaches an engine's"
                      " port can use it around the gateway\n")

@@ -98,6 +98,26 @@ def test_the_spec_hash_moves_with_what_shapes_the_engine_and_nothing_else(make_m
     assert spec_hash(m, m.profile) != before
 
 
+def test_changing_only_the_routing_policy_leaves_the_spec_hash_and_outdates_no_replica(make_model):
+    """Issue 17: the policy is the gateway's choice among replicas, not the engine's
+    (``engine_spec`` leaves it out), so changing it restarts nothing."""
+    from catalog.models import RoutingPolicy
+    from fleet.control.snapshot import load_snapshot
+    from fleet.control.specs import engine_spec, spec_hash
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1)
+    before = spec_hash(m, m.profile)
+    running = replica(m, a, spec_hash=before)
+    for policy in (RoutingPolicy.PREFIX_AFFINITY, RoutingPolicy.SESSION, RoutingPolicy.LEAST_LOADED):
+        m.routing_policy = policy
+        m.save(update_fields=["routing_policy", "updated_at"])
+        assert "routing_policy" not in engine_spec(m, m.profile) and spec_hash(m, m.profile) == before, policy
+        snapshot = load_snapshot(timezone.now())
+        assert [v.spec_hash for v in snapshot.models] == [before]
+        assert {r.id: r.outdated for r in snapshot.replicas} == {running.pk: False}
+
+
 def test_a_deleted_models_replica_has_no_model_in_the_snapshot(make_model):
     from fleet.control.snapshot import load_snapshot
 

@@ -621,7 +621,8 @@ def admin_model_post(model: Model, **changes) -> dict:
     data = {"name": model.name, "aliases": model.aliases, "profile": model.profile_id or "", "weights": model.weights,
             "min_replicas": model.min_replicas, "max_replicas": model.max_replicas,
             "idle_timeout_s": model.idle_timeout_s or "", "default_max_tokens": model.default_max_tokens or "",
-            "external_base_url": model.external_base_url, "external_api_key": model.external_api_key}
+            "external_base_url": model.external_base_url, "external_api_key": model.external_api_key,
+            "routing_policy": model.routing_policy}  # a select: a browser always sends one
     if model.on_demand:
         data["on_demand"] = "on"
     for prefix in ("schedule_windows", "benchmarks"):

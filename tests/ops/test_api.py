@@ -570,3 +570,63 @@ def test_a_profile_is_pinned_by_replicas_that_may_still_run_not_by_their_history
     assert not Profile.objects.filter(pk=profile.pk).exists()
     done.refresh_from_db()
     assert done.profile is None and done.state == "stopped"
+
+
+def test_the_routing_policy_is_read_and_written_and_a_value_that_is_none_is_a_400_naming_the_choices(staff, world):
+    """Issue 17: ``routing_policy`` over REST, as in the admin (catalog.models.RoutingPolicy)."""
+    answer = staff.post("/api/models/", {**new_model_body(world["profile"].pk), "routing_policy": "session"},
+                        format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["routing_policy"] == "session"
+    fresh = Model.objects.get(name="fresh")
+    assert fresh.routing_policy == "session"
+    assert staff.get(f"/api/models/{world['model'].pk}/").json()["routing_policy"] == "least-loaded"  # the default
+    answer = staff.patch(f"/api/models/{fresh.pk}/", {"routing_policy": "prefix-affinity"}, format="json")
+    assert answer.status_code == 200 and answer.json()["routing_policy"] == "prefix-affinity"
+    assert Model.objects.get(pk=fresh.pk).routing_policy == "prefix-affinity"
+    for bad, shown in (("round-robin", "'round-robin'"), ("", "''"), (3, "'3'"), (None, "null")):
+        answer = staff.patch(f"/api/models/{fresh.pk}/", {"routing_policy": bad}, format="json")
+        assert answer.status_code == 400, (bad, answer.content)
+        assert answer.json() == {"routing_policy": [
+            f"{shown} is not a routing policy: choose least-loaded, prefix-affinity or session."]}
+    assert Model.objects.get(pk=fresh.pk).routing_policy == "prefix-affinity"
+
+
+def test_changing_the_routing_policy_over_rest_restarts_nothing(staff, make_model):
+    """The policy shapes no engine (fleet.control.specs.engine_spec): the ready replica stays
+    ready and current, and no pass places another."""
+    from fleet.control.specs import spec_hash
+    from tests.rows import agent, replica
+
+    model = make_model("chat", min_replicas=1)
+    running = replica(model, agent("cpu-1"), spec_hash=spec_hash(model, model.profile))
+    reconcile()
+    assert list(model.replicas.values_list("pk", "state")) == [(running.pk, "ready")]  # steady before the edit
+    for policy in ("prefix-affinity", "session", "least-loaded"):
+        answer = staff.patch(f"/api/models/{model.pk}/", {"routing_policy": policy}, format="json")
+        assert answer.status_code == 200, answer.content
+        reconcile()
+        assert list(model.replicas.values_list("pk", "state")) == [(running.pk, "ready")], policy
+        assert staff.get(f"/api/replicas/{running.pk}/").json()["outdated"] is False
+        assert spec_hash(Model.objects.get(pk=model.pk), model.profile) == running.spec_hash
+
+
+def test_explain_over_rest_says_the_routing_policy(world, staff):
+    Model.objects.filter(pk=world["model"].pk).update(routing_policy="prefix-affinity")
+    routing = staff.get("/api/explain/lz/").json()["routing"]
+    assert (routing["policy"], routing["applies"]) == ("prefix-affinity", True)
+    assert routing["text"].startswith("prefix-affinity — a prompt goes to the replica that most likely holds its "
+                                      "prefix in its cache, unless that one already runs 2 more requests than the "
+                                      "least loaded")
+
+
+def test_the_schema_gives_the_routing_policy_its_choices(staff):
+    schema = staff.get("/api/schema/?format=json").json()
+    components = schema["components"]["schemas"]
+    for name in ("Model", "ModelRequest", "PatchedModelRequest"):
+        field = components[name]["properties"]["routing_policy"]
+        assert field["allOf"] == [{"$ref": "#/components/schemas/RoutingPolicyEnum"}]
+        assert "Changing it restarts nothing." in field["description"]
+    assert components["RoutingPolicyEnum"]["enum"] == ["least-loaded", "prefix-affinity", "session"]
+    assert set(components["ExplainRouting"]["properties"]) == {"policy", "applies", "text"}
+    assert components["Explain"]["properties"]["routing"]["$ref"] == "#/components/schemas/ExplainRouting"

@@ -168,6 +168,22 @@ def test_the_page_and_its_fragment_show_the_busy_cluster(admin_client, busy):
     assert 'data-phase="failed"' in fragment and "38.1 / 40.0 GiB" in fragment
 
 
+@pytest.mark.django_db
+def test_the_model_table_badges_a_routing_policy_other_than_least_loaded(admin_client, make_model):
+    make_model("spread")
+    make_model("cached", routing_policy="prefix-affinity")
+    make_model("chats", routing_policy="session")
+    make_model("remote", weights="", profile=None, min_replicas=0, max_replicas=0, routing_policy="session",
+               external_base_url="https://api.example.com/v1")  # routing does not apply: no badge
+    badges = {m.name: m.routing_badge for m in dashboard.load().models}
+    assert badges == {"spread": "", "cached": "prefix-affinity", "chats": "session", "remote": ""}
+    fragment = admin_client.get("/admin/dashboard/live/").content.decode()
+    row = fragment[fragment.index('data-model="cached"'):]
+    row = row[:row.index("</tr>")]
+    assert row.count('title="routing policy') == 1 and ">prefix-affinity</span>" in row
+    assert fragment.count('title="routing policy') == 2
+
+
 def test_stopping_from_the_dashboard_asks_first(admin_client):
     page = admin_client.get("/admin/dashboard/cluster/stop/")
     assert b"Yes, stop the cluster" in page.content and not ClusterSettings.get_solo().stopped

@@ -79,6 +79,8 @@ def test_stop_and_start_twice_say_so():
 
 
 def test_status_of_a_serving_cluster(fleet):
+    fleet[2].routing_policy = "session"
+    fleet[2].save(update_fields=["routing_policy"])
     reconcile()
     code, out, _ = llmgw("status")
     assert code == 0
@@ -88,6 +90,7 @@ def test_status_of_a_serving_cluster(fleet):
     assert data["serving"] is True and data["stopped"] is False
     assert {m["name"]: (m["desired"], m["ready"]) for m in data["models"]} == {"always": (2, 0), "lazy": (0, 0)}
     assert "placed on cpu-1" in next(m for m in data["models"] if m["name"] == "always")["reason"]
+    assert {m["name"]: m["routing_policy"] for m in data["models"]} == {"always": "least-loaded", "lazy": "session"}
     assert data["agents"][0] == {**data["agents"][0], "name": "cpu-1", "connected": True, "cpu_cores": 8}
     assert len(data["replicas"]) == 2
 
