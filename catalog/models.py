@@ -293,7 +293,7 @@ class Model(models.Model):
         max_length=20, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_LOADED,
         help_text="How requests choose among this model's replicas. prefix-affinity sends a prompt to the "
         "replica that most likely holds its prefix in its cache (long shared system prompts: far less "
-        "prefill), spilling to another when that one runs 2 requests more than the least loaded; session "
+        "prefill), spilling to another when that one runs 2 requests more than the least loaded (25% more past 8); session "
         "keeps one X-Session-Id (or user) on one replica. Changing it restarts nothing.",
     )
     created_at = models.DateTimeField(auto_now_add=True)

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='model',
             name='routing_policy',
-            field=models.CharField(choices=[('least-loaded', 'least-loaded: fewest requests in flight'), ('prefix-affinity', "prefix-affinity: where the prompt's prefix was sent (bounded load)"), ('session', 'session: by X-Session-Id or user, else by prefix (bounded load)')], default='least-loaded', help_text="How requests choose among this model's replicas. prefix-affinity sends a prompt to the replica that most likely holds its prefix in its cache (long shared system prompts: far less prefill), spilling to another when that one runs 2 requests more than the least loaded; session keeps one X-Session-Id (or user) on one replica. Changing it restarts nothing.", max_length=20),
+            field=models.CharField(choices=[('least-loaded', 'least-loaded: fewest requests in flight'), ('prefix-affinity', "prefix-affinity: where the prompt's prefix was sent (bounded load)"), ('session', 'session: by X-Session-Id or user, else by prefix (bounded load)')], default='least-loaded', help_text="How requests choose among this model's replicas. prefix-affinity sends a prompt to the replica that most likely holds its prefix in its cache (long shared system prompts: far less prefill), spilling to another when that one runs 2 requests more than the least loaded (25% more past 8); session keeps one X-Session-Id (or user) on one replica. Changing it restarts nothing.", max_length=20),
         ),
     ]
