@@ -31,9 +31,9 @@ agent on a profile made here:
   hit`` lines.
 
 Workload (the same for both phases): ``--tenants`` T tenants, each with its own ~1,000-token
-"system prompt" (deterministic text from common words, a different first sentence per tenant:
-1,000 words for the fake engine, a token per word; ``--system-words`` 800 for Gemma, about 1.2
-tokens a word) sent as the start of the one user message, then a short user turn (a dozen words,
+"system prompt" (deterministic text from common words, a different first sentence per tenant;
+``--system-words`` 1,000: a token each for the fake engine, and measured with Gemma's tokenizer
+800 words made 830 prompt tokens with the chat template) sent as the start of the one user message, then a short user turn (a dozen words,
 new in every request). It goes in the user message because llama-cpp-python's ``gemma`` chat
 format drops system messages; the gateway hashes the prompt the same way either way.
 ``max_tokens`` ``--max-tokens`` (8), ``temperature`` 0, streamed. ``--requests`` requests per
@@ -576,7 +576,7 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=None, help="measured requests a phase (default 120; real 30)")
     p.add_argument("--concurrency", type=int, default=4, help="C: closed-loop clients (default 4)")
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--system-words", type=int, default=None, help="words of each system prompt (fake 1000, real 800)")
+    p.add_argument("--system-words", type=int, default=1000, help="words of each system prompt (~1 token each)")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.3, help="fake engine: ms per prompt token evaluated")
     p.add_argument("--token-delay-ms", type=float, default=2.0, help="fake engine: ms between output tokens")
     p.add_argument("--seed", type=int, default=17, help="seed of the tenants' order")
@@ -590,8 +590,6 @@ def parse_args(argv=None):
         args.cache_slots = max(1, math.ceil(2 * args.tenants / 3))
     if args.requests is None:
         args.requests = 120 if args.fake else 30
-    if args.system_words is None:
-        args.system_words = 1000 if args.fake else 800
     if args.timeout_s is None:
         args.timeout_s = 60.0 if args.fake else 600.0
     if args.ready_timeout_s is None:
