@@ -565,7 +565,9 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-def parse_args(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options (see ``--help``), with the per-mode defaults filled in; exits with a
+    usage error when the cache slots N do not satisfy 2N >= T > N."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fake", action="store_true", help="fake engines with a prefill model (fast; CI's mode)")
     p.add_argument("--tenants", type=int, default=6, help="T: tenants, each with its own system prompt")
@@ -603,6 +605,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """Run both phases and print the table (or JSON); 0 when the run completed (whatever the
+    goals say), 1 when it failed or was interrupted (logs printed and kept)."""
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))
