@@ -37,6 +37,20 @@ even when stream_options.include_usage asks for it; --cancel-log PATH (or the en
 FAKE_ENGINE_CANCEL_LOG) watches the socket of a non-streamed request while it "generates"
 (--token-delay-ms per token) and appends a JSON line "cancelled" (the client closed first)
 or "completed" to PATH.
+
+A prefill model, for the prefix-routing benchmark (issue 17; bench/prefix_routing.py), off by
+default: --prefill-ms-per-token X makes a chat or completions request wait X ms for each
+prompt token it must evaluate before its first token (after it got its turn: with
+--capacity 1 one request is served at a time, as llama-cpp-python does), and
+--prompt-cache-slots N keeps the last N prompts evaluated (LRU, per process = per replica).
+Tokens are whitespace words of the prompt (as usage and /extras/tokenize count them; a chat
+prompt is its messages' contents). A request evaluates its tokens beyond the longest common
+prefix with any cached prompt (at least one, as an engine always computes the last token's
+logits); then it replaces that cached prompt when they share at least half of it (a slot
+reused, as llama-server's --slot-prompt-similarity 0.5 does), else it is added, the least
+recently used dropped beyond N. /metrics (served with either option even under
+--metrics-kind none) counts ``fake:prompt_tokens_evaluated_total`` and
+``fake:prompt_tokens_cached_total``; --record writes a "prefill" event per request.
 """
 import argparse
 import asyncio
@@ -50,6 +64,7 @@ import struct
 import sys
 import time
 import uuid
+from collections import OrderedDict
 
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 422: "Unprocessable Entity",
            429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
@@ -75,6 +90,15 @@ class Engine:
         self.sem = asyncio.Semaphore(args.capacity) if args.capacity > 0 else None
         self.running = 0
         self.waiting = 0
+        #: The prefill model's prompt cache (word tuples, least recently used first) and counters.
+        self.prompt_cache: OrderedDict[tuple[str, ...], None] = OrderedDict()
+        self.prompt_tokens_evaluated = 0
+        self.prompt_tokens_cached = 0
+
+    @property
+    def models_prefill(self) -> bool:
+        """Whether the prefill model is on (--prefill-ms-per-token or --prompt-cache-slots)."""
+        return bool(self.args.prefill_ms_per_token or self.args.prompt_cache_slots)
 
     # ---------------------------------------------------------------- helpers
     def record(self, event, **fields):
@@ -129,7 +153,7 @@ class Engine:
             return await send_json(writer, 200, data, keep)
         if method == "GET" and path == "/health":
             return await send_json(writer, 200, {"status": "ok"}, keep)
-        if method == "GET" and path == "/metrics" and self.args.metrics_kind != "none":
+        if method == "GET" and path == "/metrics" and (self.args.metrics_kind != "none" or self.models_prefill):
             return await send(writer, 200, self.metrics_text().encode(),
                               "text/plain; version=0.0.4; charset=utf-8", keep)
         if method == "POST" and path == "/extras/tokenize":  # llama-cpp-python's tokenizer: a token per word
@@ -186,6 +210,8 @@ class Engine:
             self.waiting -= 1
         self.running += 1
         try:
+            if self.models_prefill and path != "/v1/embeddings":
+                await self.prefill(path, req)
             if path == "/v1/embeddings":
                 ok = await send_json(writer, 200, self.embeddings(req), keep)
             elif stream:
@@ -202,8 +228,56 @@ class Engine:
             if self.sem:
                 self.sem.release()
 
+    def prefill_cost(self, words: tuple[str, ...]) -> tuple[int, int]:
+        """``(evaluated, cached)`` prompt tokens of a prompt of ``words`` against the prompt
+        cache, which it then updates (the module's rules): evaluated = its tokens beyond the
+        longest common prefix with a cached prompt, at least 1; cached = the rest."""
+        best, best_common = None, 0
+        for cached in self.prompt_cache:
+            common = 0
+            for a, b in zip(cached, words):
+                if a != b:
+                    break
+                common += 1
+            if common > best_common:
+                best, best_common = cached, common
+        evaluated = max(1, len(words) - best_common)
+        slots = self.args.prompt_cache_slots
+        if slots > 0:
+            if best is not None and 2 * best_common >= len(best):
+                del self.prompt_cache[best]
+            self.prompt_cache.pop(words, None)
+            self.prompt_cache[words] = None
+            while len(self.prompt_cache) > slots:
+                self.prompt_cache.popitem(last=False)
+        return evaluated, max(0, len(words) - evaluated)
+
+    async def prefill(self, path, req):
+        """The prefill model: wait --prefill-ms-per-token for each prompt token evaluated,
+        count it, record a "prefill" event."""
+        words = tuple(self.prompt_text(path, req).split())
+        evaluated, cached = self.prefill_cost(words)
+        self.prompt_tokens_evaluated += evaluated
+        self.prompt_tokens_cached += cached
+        self.record("prefill", path=path, prompt_tokens=len(words), evaluated=evaluated, cached=cached,
+                    cache_entries=len(self.prompt_cache))
+        if self.args.prefill_ms_per_token:
+            await asyncio.sleep(evaluated * self.args.prefill_ms_per_token / 1000)
+
+    def prefill_metrics(self) -> list[str]:
+        out = []
+        for name, value, help_ in (
+                ("fake:prompt_tokens_evaluated_total", self.prompt_tokens_evaluated, "prompt tokens evaluated"),
+                ("fake:prompt_tokens_cached_total", self.prompt_tokens_cached, "prompt tokens found in the cache")):
+            out += [f"# HELP {name} fake engine: {help_}", f"# TYPE {name} counter", f"{name} {value}"]
+        out += ["# HELP fake:prompt_cache_entries fake engine: prompts in the cache",
+                "# TYPE fake:prompt_cache_entries gauge", f"fake:prompt_cache_entries {len(self.prompt_cache)}"]
+        return out
+
     def metrics_text(self):
         kind, name = self.args.metrics_kind, self.args.served_name
+        if kind == "none":  # only the prefill model's counters (dispatch serves none otherwise)
+            return "\n".join(self.prefill_metrics()) + "\n"
         label = f'{{model_name="{name}"}}'
         running, waiting = {
             "vllm": ("vllm:num_requests_running" + label, "vllm:num_requests_waiting" + label),
@@ -214,6 +288,8 @@ class Engine:
         for metric, value in ((running, self.running), (waiting, self.waiting)):
             base = metric.split("{", 1)[0]
             out += [f"# HELP {base} fake engine gauge", f"# TYPE {base} gauge", f"{metric} {value}"]
+        if self.models_prefill:
+            out += self.prefill_metrics()
         return "\n".join(out) + "\n"
 
     # ------------------------------------------------------------- responses
@@ -242,13 +318,15 @@ class Engine:
         return out
 
     @staticmethod
-    def prompt_tokens(path, req):
+    def prompt_text(path, req) -> str:
+        """The prompt as this engine counts it: a chat's messages' contents, else ``prompt``."""
         if path == "/v1/chat/completions":
-            text = " ".join(str(m.get("content") or "") for m in req.get("messages") or []
-                            if isinstance(m, dict))
-        else:
-            text = str(req.get("prompt") or "")
-        return max(1, len(text.split()))
+            return " ".join(str(m.get("content") or "") for m in req.get("messages") or [] if isinstance(m, dict))
+        return str(req.get("prompt") or "")
+
+    @staticmethod
+    def prompt_tokens(path, req):
+        return max(1, len(Engine.prompt_text(path, req).split()))
 
     def tool_mode(self, path):
         return self.args.tool_call and path == "/v1/chat/completions"
@@ -502,6 +580,11 @@ def parse_args(argv=None):
                    help="no usage chunk in streams, even when include_usage asks for it")
     p.add_argument("--cancel-log", default=os.environ.get("FAKE_ENGINE_CANCEL_LOG") or None,
                    help="log cancelled/completed non-streamed requests here (JSON lines)")
+    # The prefill model (issue 17, bench/prefix_routing.py): off unless one is given.
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.0,
+                   help="ms per prompt token evaluated before the first token (default 0: none)")
+    p.add_argument("--prompt-cache-slots", type=int, default=0,
+                   help="prompts kept in the prompt cache (LRU; default 0: none, every prompt evaluated whole)")
     return p.parse_args(argv)
 
 
