@@ -10,8 +10,9 @@ is one of:
   KV (or prompt) cache. The caller cuts the rendered prompt into fixed-size blocks and
   hashes them chained (block *i*'s hash names the whole prompt up to the end of block *i*,
   as an engine's KV blocks do). This process remembers where it sent recent blocks
-  (:class:`RecentRoutes`); a remembered match at least :data:`ANCHOR_BLOCKS` deep (or the
-  whole prompt, when it is shorter) wins. Otherwise rendezvous hashing of the *anchor* — the
+  (:class:`RecentRoutes`, up to :data:`HOLDERS` replicas per block); a remembered match at
+  least :data:`ANCHOR_BLOCKS` deep (or the whole prompt, when it is shorter) wins, and of its
+  holders the less loaded. Otherwise rendezvous hashing of the *anchor* — the
   hash of the first :data:`ANCHOR_BLOCKS` blocks — over the replica ids ranks the replicas
   the same way in every web process, with no shared state, and moves only the anchors of a
   replica that goes away. A prompt shorter than one block has no prefix worth keeping: its
@@ -24,7 +25,8 @@ least-loaded replica rather than the mean): the preferred replica takes the requ
 while its in-flight count is below the least-loaded replica's plus :func:`load_slack`;
 otherwise the request *spills* to the next replica in the anchor's rendezvous order that is
 within the bound (the same order in every process), and this process remembers the prefix
-there, so a hot prefix spreads instead of piling onto one replica. No choice ever leaves a
+there too, so a hot prefix spreads over two replicas, each then holding it in its cache,
+instead of piling onto one. No choice ever leaves a
 replica more than the slack above the least-loaded one.
 
 Everything here is a function of its arguments: loads are this process's in-flight counts
@@ -49,6 +51,10 @@ POLICIES = (LEAST_LOADED, PREFIX_AFFINITY, SESSION)
 #: within it took the request; ``unkeyed`` — a keyed policy, but the request had no prefix
 #: block and no session (least-loaded); ``least-loaded`` — the policy itself.
 OUTCOMES = ("hit", "spill", "unkeyed", LEAST_LOADED)
+
+#: Replicas remembered per key: a prefix that spilled is held by two replicas, and the
+#: next request of it goes to the less loaded of them (no second prefill).
+HOLDERS = 2
 
 #: Blocks in a request's anchor (the rendezvous key): with the gateway's 256-byte blocks,
 #: the first KiB of the rendered prompt (about 250 tokens).
@@ -114,41 +120,56 @@ class Decision:
 
 
 class RecentRoutes:
-    """Where this process sent keys lately: block or session hash → replica id, the
-    ``capacity`` most recently used kept (a dict in use order). One per model; a key whose
-    replica is gone is ignored and overwritten."""
+    """Where this process sent keys lately: block or session hash → the replicas it went
+    to, most recent first, at most :data:`HOLDERS` of them; the ``capacity`` most recently
+    used keys kept (a dict in use order). One per model; a replica that is gone is ignored
+    and dropped when the key is next remembered."""
 
     def __init__(self, capacity: int = 20_000) -> None:
         self.capacity = capacity
-        self._where: dict[int, int] = {}
+        self._where: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def deepest(self, keys: Sequence[int], alive: Container[int], at_least: int) -> int | None:
-        """The replica remembered for the deepest of ``keys`` (chained hashes, shallowest
-        first) whose replica is in ``alive``, looking no shallower than index
-        ``at_least - 1`` (``at_least`` below 1 counts as 1: every key); None if there is none."""
+    def holders(self, keys: Sequence[int], alive: Container[int], at_least: int) -> tuple[int, ...]:
+        """The replicas in ``alive`` remembered for the deepest of ``keys`` (chained hashes,
+        shallowest first) that has any, most recent first, looking no shallower than index
+        ``at_least - 1`` (``at_least`` below 1 counts as 1: every key); () if none."""
         where = self._where
         for i in range(len(keys) - 1, max(at_least, 1) - 2, -1):
-            rid = where.get(keys[i])
-            if rid is not None and rid in alive:
-                return rid
-        return None
+            held = where.get(keys[i])
+            if held:
+                live = tuple(rid for rid in held if rid in alive)
+                if live:
+                    return live
+        return ()
+
+    def deepest(self, keys: Sequence[int], alive: Container[int], at_least: int) -> int | None:
+        """The most recent of :meth:`holders`, or None."""
+        held = self.holders(keys, alive, at_least)
+        return held[0] if held else None
 
     def remember(self, keys: Iterable[int], replica_id: int) -> None:
-        """``keys`` were sent to ``replica_id`` now (each becomes the most recent)."""
+        """``keys`` were sent to ``replica_id`` now: it becomes each key's most recent
+        holder (the oldest beyond :data:`HOLDERS` is forgotten) and each key the most
+        recently used."""
         where = self._where
         for key in keys:
-            where.pop(key, None)
-            where[key] = replica_id
+            held = where.pop(key, ())
+            if held and held[0] == replica_id:
+                where[key] = held
+            elif held:
+                where[key] = (replica_id, *(rid for rid in held if rid != replica_id))[:HOLDERS]
+            else:
+                where[key] = (replica_id,)
         excess = len(where) - self.capacity
         if excess > 0:
             for key in list(_take(where, excess)):
                 del where[key]
 
 
-def _take(where: dict[int, int], n: int) -> Iterable[int]:
+def _take(where: dict, n: int) -> Iterable[int]:
     it = iter(where)
     for _ in range(n):
         yield next(it)
@@ -178,9 +199,11 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
         return Decision(_least_loaded(loads, turn), "unkeyed")
     load_of = dict(loads)
     least = min(load_of.values())
-    preferred = recent.deepest(chain, load_of, depth) if recent is not None else None
+    held = recent.holders(chain, load_of, depth) if recent is not None else ()
     order: list[int] | None = None
-    if preferred is None:
+    if held:  # the least loaded of those that hold it (the most recent on a tie)
+        preferred = min(held, key=load_of.__getitem__)
+    else:
         order = rendezvous_order(chain[depth - 1], load_of)
         preferred = order[0]
     if within_bound(load_of[preferred], least):

@@ -70,8 +70,10 @@ def test_every_choice_over_random_loads_and_keys_stays_within_the_bound_and_foll
         if keyed is not None:
             chain, anchor = keyed
             depth = min(len(chain), ANCHOR_BLOCKS)
-            expected_preferred = recent.deepest(chain, load_of, depth)
-            if expected_preferred is None:
+            held = recent.holders(chain, load_of, depth)
+            if held:  # the least loaded holder, the most recent on a tie
+                expected_preferred = min(held, key=lambda rid: (load_of[rid], held.index(rid)))
+            else:
                 expected_preferred = rendezvous_order(anchor, load_of)[0]
 
         decision = choose(policy, loads, keys, recent, turn)
@@ -293,3 +295,30 @@ def test_keys_spread_roughly_evenly_over_the_replicas(keys):
         share = len(values) / len(ids)
         assert set(firsts) == set(ids)
         assert all(0.75 * share < n < 1.25 * share for n in firsts.values()), firsts
+
+
+def test_a_spilled_prefix_is_held_by_two_replicas_and_goes_to_the_less_loaded_of_them():
+    keys = RouteKeys(blocks=(71, 72, 73, 74, 75))
+    ids = [1, 2, 3, 4]
+    order = rendezvous_order(74, ids)
+    recent = RecentRoutes()
+    assert choose(PREFIX_AFFINITY, [(rid, 0) for rid in ids], keys, recent).replica_id == order[0]
+    busy = [(rid, 2 if rid == order[0] else 0) for rid in ids]  # over the bound: spills to the next
+    spilled = choose(PREFIX_AFFINITY, busy, keys, recent)
+    assert (spilled.outcome, spilled.replica_id) == ("spill", order[1])
+    assert recent.holders(keys.blocks, set(ids), ANCHOR_BLOCKS) == (order[1], order[0])
+    # Both hold it now: the less loaded of the two takes it, without a spill, wherever it is.
+    for loads_first, expected in ((1, order[1]), (0, order[0])):
+        loads = [(order[0], loads_first), (order[1], 1 - loads_first), (order[2], 0), (order[3], 0)]
+        decision = choose(PREFIX_AFFINITY, loads, keys, recent)
+        assert (decision.outcome, decision.replica_id) == ("hit", expected)
+
+
+def test_a_key_keeps_at_most_two_holders_and_forgets_the_gone_and_the_oldest():
+    recent = RecentRoutes()
+    for rid in (1, 2, 3):
+        recent.remember([5], rid)
+    assert recent.holders([5], {1, 2, 3}, 1) == (3, 2)  # HOLDERS = 2: 1 is forgotten
+    assert recent.holders([5], {2}, 1) == (2,)  # 3 gone: only 2 is answered
+    recent.remember([5], 2)
+    assert recent.holders([5], {1, 2, 3}, 1) == (2, 3)
