@@ -33,9 +33,10 @@ agent on a profile made here:
 Workload (the same for both phases): ``--tenants`` T tenants, each with its own ~1,000-token
 "system prompt" (deterministic text from common words, a different first sentence per tenant;
 ``--system-words`` 1,000: a token each for the fake engine, and measured with Gemma's tokenizer
-800 words made 830 prompt tokens with the chat template) sent as the start of the one user message, then a short user turn (a dozen words,
-new in every request). It goes in the user message because llama-cpp-python's ``gemma`` chat
-format drops system messages; the gateway hashes the prompt the same way either way.
+800 words made 830 prompt tokens with the chat template) sent as a system message, then a short user turn (a dozen words, new in every request).
+llama-cpp-python's ``gemma`` chat format would drop the system message; the gateway folds it
+into the user turn for that engine (``EngineTraits.drops_system_messages``), as Gemma's own
+template does, so the engine evaluates it.
 ``max_tokens`` ``--max-tokens`` (8), ``temperature`` 0, streamed. ``--requests`` requests per
 phase in a fixed pseudo-random order of tenants (``--seed``), sent by ``--concurrency`` C
 closed-loop clients taking the next request as one ends.
@@ -130,10 +131,10 @@ def request_order(tenants: int, requests: int, seed: int) -> list[int]:
 
 
 def body(tenant: int, i: int, args) -> bytes:
-    """Request ``i`` of ``tenant``: its system prompt, then a short turn, in one user message."""
-    content = system_prompt(tenant, args.system_words) + "\n\n" + user_turn(i)
+    """Request ``i`` of ``tenant``: its system prompt as a system message, then a short user turn."""
     return json.dumps({"model": MODEL, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
-                       "messages": [{"role": "user", "content": content}]}).encode()
+                       "messages": [{"role": "system", "content": system_prompt(tenant, args.system_words)},
+                                    {"role": "user", "content": user_turn(i)}]}).encode()
 
 
 # --------------------------------------------------------------------------- results

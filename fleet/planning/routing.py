@@ -56,6 +56,13 @@ OUTCOMES = ("hit", "spill", "unkeyed", LEAST_LOADED)
 #: next request of it goes to the less loaded of them (no second prefill).
 HOLDERS = 2
 
+#: New keys per replica: a key this process has not routed yet goes to the first replica
+#: in its rendezvous order that is home to fewer than ⌈KEY_BOUND_FACTOR · (keys + 1) / n⌉
+#: of the keys it remembers (consistent hashing with bounded loads on keys, as Mirrokni et
+#: al. bound them: a few tenants' prompts do not all land on one replica's cache by the
+#: luck of the hash).
+KEY_BOUND_FACTOR = 1.25
+
 #: Blocks in a request's anchor (the rendezvous key): with the gateway's 256-byte blocks,
 #: the first KiB of the rendered prompt (about 250 tokens).
 ANCHOR_BLOCKS = 4
@@ -128,6 +135,11 @@ class RecentRoutes:
     def __init__(self, capacity: int = 20_000) -> None:
         self.capacity = capacity
         self._where: dict[int, tuple[int, ...]] = {}
+        #: Anchor (a prompt's rendezvous key, or a session) → its home replica (the last
+        #: one chosen for it), in use order; at most ``capacity`` // 8.
+        self._homes: dict[int, int] = {}
+        #: Replica → how many anchors are at home there.
+        self._home_counts: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -150,10 +162,31 @@ class RecentRoutes:
         held = self.holders(keys, alive, at_least)
         return held[0] if held else None
 
-    def remember(self, keys: Iterable[int], replica_id: int) -> None:
+    def home_counts(self) -> dict[int, int]:
+        """Replica id → the anchors whose home it is (replicas gone included: callers count
+        only those alive). Read-only."""
+        return self._home_counts
+
+    def remember(self, keys: Iterable[int], replica_id: int, anchor: int | None = None) -> None:
         """``keys`` were sent to ``replica_id`` now: it becomes each key's most recent
         holder (the oldest beyond :data:`HOLDERS` is forgotten) and each key the most
-        recently used."""
+        recently used; with ``anchor``, the anchor's home."""
+        if anchor is not None:
+            homes, counts = self._homes, self._home_counts
+            old = homes.pop(anchor, None)
+            homes[anchor] = replica_id
+            if old != replica_id:
+                counts[replica_id] = counts.get(replica_id, 0) + 1
+                if old is not None:
+                    counts[old] -= 1
+                    if not counts[old]:
+                        del counts[old]
+            if len(homes) > self.capacity // 8:
+                gone = next(iter(homes))
+                rid = homes.pop(gone)
+                counts[rid] -= 1
+                if not counts[rid]:
+                    del counts[rid]
         where = self._where
         for key in keys:
             held = where.pop(key, ())
@@ -205,7 +238,7 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
         preferred = min(held, key=load_of.__getitem__)
     else:
         order = rendezvous_order(chain[depth - 1], load_of)
-        preferred = order[0]
+        preferred = order[0] if recent is None else _with_room(order, recent.home_counts())
     if within_bound(load_of[preferred], least):
         chosen, outcome = preferred, "hit"
     else:
@@ -214,5 +247,19 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
         chosen = next(rid for rid in order if rid != preferred and within_bound(load_of[rid], least))
         outcome = "spill"
     if recent is not None:
-        recent.remember(chain, chosen)
+        recent.remember(chain, chosen, chain[depth - 1])
     return Decision(chosen, outcome, preferred)
+
+
+def key_cap(homed: int, replicas: int) -> int:
+    """The most anchors a replica may be home to before a new one passes it by, with
+    ``homed`` anchors at home on ``replicas`` live replicas: ⌈KEY_BOUND_FACTOR · (homed +
+    1) / replicas⌉ (:data:`KEY_BOUND_FACTOR`)."""
+    return math.ceil(KEY_BOUND_FACTOR * (homed + 1) / replicas)
+
+
+def _with_room(order: list[int], counts: dict[int, int]) -> int:
+    """The first of ``order`` (live replicas, rendezvous-ranked) home to fewer anchors than
+    :func:`key_cap` allows; one always is (their sum is under ``len(order)`` × the cap)."""
+    cap = key_cap(sum(counts.get(rid, 0) for rid in order), len(order))
+    return next(rid for rid in order if counts.get(rid, 0) < cap)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from fleet.planning.routing import (
-    ANCHOR_BLOCKS, LEAST_LOADED, NO_KEYS, OUTCOMES, PREFIX_AFFINITY, SESSION, RecentRoutes, RouteKeys, choose,
+    ANCHOR_BLOCKS, LEAST_LOADED, NO_KEYS, OUTCOMES, PREFIX_AFFINITY, SESSION, RecentRoutes, RouteKeys, choose, key_cap,
     load_slack, rendezvous_order, within_bound,
 )
 
@@ -322,3 +322,26 @@ def test_a_key_keeps_at_most_two_holders_and_forgets_the_gone_and_the_oldest():
     assert recent.holders([5], {2}, 1) == (2,)  # 3 gone: only 2 is answered
     recent.remember([5], 2)
     assert recent.holders([5], {1, 2, 3}, 1) == (2, 3)
+
+
+def test_new_prefixes_that_all_rank_one_replica_first_are_capped_there_by_the_key_bound():
+    ids = [1, 2]
+    # Anchors whose rendezvous order puts replica 1 first: by the hash alone all six would
+    # land on one replica's cache.
+    anchors = [k for k in range(10_000) if rendezvous_order(k, ids)[0] == 1][:6]
+    recent = RecentRoutes()
+    homes = []
+    for anchor in anchors:
+        blocks = (anchor + 10**9, anchor + 2 * 10**9, anchor + 3 * 10**9, anchor)  # the 4th block is the anchor
+        homes.append(choose(PREFIX_AFFINITY, [(1, 0), (2, 0)], RouteKeys(blocks=blocks), recent).replica_id)
+    assert homes.count(1) <= key_cap(5, 2) and homes.count(2) >= 2, homes
+    assert recent.home_counts() == {1: homes.count(1), 2: homes.count(2)}
+    # Each then stays where it was put.
+    for anchor, home in zip(anchors, homes):
+        blocks = (anchor + 10**9, anchor + 2 * 10**9, anchor + 3 * 10**9, anchor, anchor + 5 * 10**9)
+        assert choose(PREFIX_AFFINITY, [(1, 0), (2, 0)], RouteKeys(blocks=blocks), recent).replica_id == home
+
+
+def test_key_cap_follows_the_factor():
+    assert [key_cap(n, 2) for n in range(6)] == [1, 2, 2, 3, 4, 4]
+    assert key_cap(0, 8) == 1 and key_cap(79, 8) == 13
