@@ -478,17 +478,18 @@ def run_phase(policy: str, gateway: str, key: str, model, replicas, args) -> Pha
 
 
 def rendezvous_split(replica_ids: list[int], args) -> dict[int, list[int]]:
-    """Replica id → the tenants whose prompt's anchor ranks it first (``gateway.routing``'s
-    blocks, ``fleet.planning.routing``'s rendezvous order): where prefix-affinity sends each
-    tenant while no load bound interferes."""
-    from fleet.planning.routing import ANCHOR_BLOCKS, rendezvous_order
+    """Replica id → the tenants prefix-affinity makes at home there when the warm-up sends
+    each tenant once, one at a time (``gateway.routing``'s blocks, ``fleet.planning.routing``'s
+    rendezvous order and key bound), while no load bound interferes."""
+    from fleet.planning.routing import PREFIX_AFFINITY, RecentRoutes, RouteKeys, choose
     from gateway.routing import block_hashes, prompt_bytes
 
     out: dict[int, list[int]] = {rid: [] for rid in replica_ids}
+    recent = RecentRoutes()
     for t in range(args.tenants):
         blocks = block_hashes(prompt_bytes("chat/completions", json.loads(body(t, 0, args))))
-        anchor = blocks[min(len(blocks), ANCHOR_BLOCKS) - 1]
-        out[rendezvous_order(anchor, replica_ids)[0]].append(t)
+        home = choose(PREFIX_AFFINITY, [(rid, 0) for rid in replica_ids], RouteKeys(blocks), recent).replica_id
+        out[home].append(t)
     return out
 
 
@@ -546,7 +547,7 @@ def report(phases: dict[str, Phase], replica_ids: list[int], goals: dict, args, 
     ]
     out += table(["", *cols], rows)
     out.append("")
-    out.append("rendezvous split of tenants (prefix-affinity, no spill): "
+    out.append("tenants at home per replica (prefix-affinity warm-up, no spill): "
                + ", ".join(f"replica {rid}: {len(ts)} {ts}" for rid, ts in split.items()))
     v = lambda ok: "PASS" if ok else "MISS"  # noqa: E731
     g = goals["ttft_p50_ratio"]
