@@ -69,7 +69,8 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
     tried: set[int] = set()
     while True:
         tried.add(endpoint.replica_id)
-        live.begin_request(endpoint.replica_id)
+        if not ex.take_count(endpoint.replica_id):
+            live.begin_request(endpoint.replica_id)
         ex.replica_id = endpoint.replica_id
         try:
             # The replica's engine key, never the client's credentials (docs/architecture.md,
@@ -299,7 +300,7 @@ async def _leg(model, out: Outgoing, pick, ex: Exchange, opened: dict, index: in
 async def compose(model, path: str, body: dict, query: bytes, headers: dict[str, str], endpoint: Endpoint,
                   ex: Exchange, how: Composition, max_tokens: int | None) -> HttpResponse:
     """One answer for ``body`` built from ``how.legs`` upstream streams (see the module
-    docstring), the first on ``endpoint``, the others on the model's least-loaded replicas,
+    docstring), the first on ``endpoint``, the others where the model's routing policy sends them,
     all read at once. An upstream that answers an error is answered as any engine error
     (mapped), one that ends before its first event is asked why (:func:`probe`); the other
     legs are closed."""
@@ -308,7 +309,9 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
     opened: dict[int, tuple[aiohttp.ClientResponse, Endpoint]] = {}
 
     def pick(i: int):
-        return lambda: endpoint if i == 0 else (choose(live.current_view().routes.get(model.id, ())) or endpoint)
+        return lambda: endpoint if i == 0 else (choose(live.current_view().routes.get(model.id, ()),
+                                                       policy=model.routing_policy, keys=ex.route_keys,
+                                                       model_name=model.name) or endpoint)
 
     streams = [_leg(model, Outgoing(path, query, content, headers, False), pick(i), ex, opened, i)
                for i, content in enumerate(leg_bodies(body, how, max_tokens))]

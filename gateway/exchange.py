@@ -8,6 +8,7 @@ import time
 from django.http import HttpResponse
 from django.utils import timezone
 
+from fleet import live
 from fleet.live import NO_KEYS
 from gateway import metrics, tenants
 from gateway.auth import Caller
@@ -26,6 +27,10 @@ class Exchange:
         self.model_label = "unknown"
         self.replica_id: int | None = None
         self.route_keys = NO_KEYS  # what its model's routing policy routes it by (gateway.routing)
+        #: The replica this request is counted in flight on from the moment routing chose it
+        #: (while its prompt is counted first), until its upstream call takes the count over
+        #: (``take_count``) or it ends: the load bound sees it at once.
+        self.counted_on: int | None = None
         self.upstream_status: int | None = None
         self.stream = False
         self.ttft_s: float | None = None
@@ -51,7 +56,23 @@ class Exchange:
             if (completion := integers.count_or_none(usage_.get("completion_tokens"))) is not None:
                 self.completion_tokens = completion
 
+    def count_on(self, replica_id: int) -> None:
+        """Count this request in flight on ``replica_id`` now (routing chose it)."""
+        live.begin_request(replica_id)
+        self.counted_on = replica_id
+
+    def take_count(self, replica_id: int) -> bool:
+        """Whether this request is already counted on ``replica_id`` (the upstream call then
+        keeps that count rather than adding one)."""
+        if self.counted_on == replica_id:
+            self.counted_on = None
+            return True
+        return False
+
     def finish(self, status: int) -> None:
+        if self.counted_on is not None:  # ended before its upstream call
+            live.end_request(self.counted_on)
+            self.counted_on = None
         if self.recorded:
             return
         self.recorded = True

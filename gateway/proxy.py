@@ -62,7 +62,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     try:
         response = await _serve(request, path, ex)
     except BaseException:
-        if (ex.admitted is not None or ex.on_finish) and not ex.recorded:
+        if (ex.admitted is not None or ex.on_finish or ex.counted_on is not None) and not ex.recorded:
             ex.finish(499)  # settle: the counters and the queue must not keep a request that is gone
         raise
     for name, value in ex.rate_headers.items():
@@ -176,6 +176,8 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
             return ex.answer(full)
         ex.route_keys = routing.route_keys(model.routing_policy, path, body, request.headers)
         found = await _find_replica(model, ex.route_keys)
+        if isinstance(found, Endpoint):
+            ex.count_on(found.replica_id)  # in flight there from now: the next choice sees it
         if served_here and traits.tokenize_path and not traits.streams_usage:
             counted = await _count_prompt(model, path, body, found, ex)
             if isinstance(counted, HttpResponse):

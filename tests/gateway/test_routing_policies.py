@@ -16,9 +16,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from catalog.models import Model
+from catalog.models import Model, Profile
 from fleet.models import Agent, Replica
-from fleet.planning.routing import ANCHOR_BLOCKS, LEAST_LOADED, PREFIX_AFFINITY, SESSION, rendezvous_order
+from fleet.planning.routing import (ANCHOR_BLOCKS, LEAST_LOADED, PREFIX_AFFINITY, SESSION, RecentRoutes, choose,
+                                    rendezvous_order)
 from gateway.routing import SESSION_HEADER, route_keys, session_hash
 from tests.processes import fake_engine, free_port, open_request, wait_for_port, wait_until, web_server
 from tests.replicas import ENGINE_KEY, serve
@@ -90,8 +91,10 @@ def pair(servers, make_model):
     """``make(name, policy, ports)``: a model of ``policy`` with a ready replica on each of
     the engines at ``ports`` (the module's two by default), once the web process routes to
     both; returns the model and its two replicas."""
-    def make(name: str, policy: str, ports: tuple[int, int] | None = None) -> tuple[Model, Replica, Replica]:
-        model = make_model(name, min_replicas=2, max_replicas=2, routing_policy=policy)
+    def make(name: str, policy: str, ports: tuple[int, int] | None = None,
+             profile: Profile | None = None) -> tuple[Model, Replica, Replica]:
+        model = make_model(name, min_replicas=2, max_replicas=2, routing_policy=policy,
+                           **({"profile": profile} if profile else {}))
         first, second = (serve(model, port) for port in (ports or (servers["ports"]["a"], servers["ports"]["b"])))
         Agent.objects.filter(name="local").update(last_seen_at=timezone.now())
         seen: set[int] = set()
@@ -118,6 +121,19 @@ def prefers(policy: str, body: dict, headers: dict, replicas: list[int]) -> int:
     return rendezvous_order(anchor, replicas)[0]
 
 
+class Mirror:
+    """The web process's choices for requests sent one at a time (every replica idle at each
+    choice), replayed here with the same rules and a memory of its own: rendezvous order,
+    the key bound, what was remembered."""
+
+    def __init__(self, policy: str, replicas: list[int]) -> None:
+        self.policy, self.replicas, self.recent = policy, replicas, RecentRoutes()
+
+    def expect(self, body: dict, headers: dict | None = None) -> int:
+        keys = route_keys(self.policy, "chat/completions", body, headers or {})
+        return choose(self.policy, [(rid, 0) for rid in self.replicas], keys, self.recent).replica_id
+
+
 def tenants_by_replica(model: str, replicas: list[int], each: int = 3) -> dict[int, list[str]]:
     """``each`` tenants whose system prompt prefers each replica."""
     by: dict[int, list[str]] = {rid: [] for rid in replicas}
@@ -138,15 +154,19 @@ QUESTIONS = ["Where is my order?", "Can I return a rake bought last spring?", "D
 def test_a_tenants_long_system_prompt_stays_on_one_replica_and_tenants_spread_over_both(servers, pair):
     model, a, b = pair("routed-prefix", PREFIX_AFFINITY)
     by = tenants_by_replica(model.name, [a.pk, b.pk])
+    mirror = Mirror(PREFIX_AFFINITY, [a.pk, b.pk])
     landed: dict[str, set[int]] = {}
     for question in QUESTIONS:  # interleaved: every tenant asks each question in turn
         for rid, tenants in by.items():
             for tenant in tenants:
-                answer = post(servers, chat_body(model.name, system_prompt(tenant), question))
+                body = chat_body(model.name, system_prompt(tenant), question)
+                answer = post(servers, body)
+                assert replica_of(answer) == mirror.expect(body), (tenant, question)
                 landed.setdefault(tenant, set()).add(replica_of(answer))
-    for rid, tenants in by.items():
-        for tenant in tenants:
-            assert landed[tenant] == {rid}, (tenant, landed[tenant], rid)
+    assert all(len(replicas) == 1 for replicas in landed.values()), landed
+    # Both replicas are home to tenants (by rendezvous, three prefer each; the key bound keeps
+    # a replica from taking more than its share of new ones).
+    assert {rid for replicas in landed.values() for rid in replicas} == {a.pk, b.pk}
     counted = decisions(servers, model.name)
     assert counted[(PREFIX_AFFINITY, "hit")] >= len(QUESTIONS) * 6
     assert (PREFIX_AFFINITY, "spill") not in counted  # one request at a time: never over the bound
@@ -181,16 +201,21 @@ def test_a_session_stays_on_one_replica_and_sessions_spread_over_both(servers, p
     assert all(len(v) == 3 for v in by.values())
     # Each session's turns carry other tenants' prompts: the session routes, not the prompt.
     prompts = [system_prompt(f"t{i}") for i in range(4)]
+    mirror = Mirror(SESSION, [a.pk, b.pk])
+    landed: dict[str, set[int]] = {}
     for turn, question in enumerate(QUESTIONS):
         for rid, sessions in by.items():
             for session in sessions:
-                answer = post(servers, chat_body(model.name, prompts[turn % len(prompts)], question),
-                              {SESSION_HEADER: session})
-                assert replica_of(answer) == rid, (session, turn)
+                body, headers = chat_body(model.name, prompts[turn % len(prompts)], question), {SESSION_HEADER: session}
+                answer = post(servers, body, headers)
+                assert replica_of(answer) == mirror.expect(body, headers), (session, turn)
+                landed.setdefault(session, set()).add(replica_of(answer))
+    assert all(len(replicas) == 1 for replicas in landed.values()), landed
+    assert {rid for replicas in landed.values() for rid in replicas} == {a.pk, b.pk}
     # Without the header, OpenAI's `user` field names the session.
     session = by[b.pk][0]
     body = chat_body(model.name, prompts[0], "again", user=session)
-    assert {replica_of(post(servers, body)) for _ in range(3)} == {b.pk}
+    assert {replica_of(post(servers, body)) for _ in range(3)} == landed[session]
     assert decisions(servers, model.name)[(SESSION, "hit")] >= len(QUESTIONS) * 6 + 3
 
 
@@ -228,6 +253,31 @@ def test_bounded_load_spills_a_hot_prefix_to_the_other_replica(servers, pair):
         # The prefix is remembered where it spilled: it stays there while that one is within the bound.
         assert replica_of(post(servers, chat_body(model.name, system, "and again"))) == b.pk
         assert decisions(servers, model.name)[(PREFIX_AFFINITY, "spill")] == 1
+    finally:
+        for holder in holders:
+            holder.release()
+
+
+def test_a_burst_of_one_prefix_to_an_engine_whose_prompt_is_counted_first_stays_within_the_bound(servers, pair):
+    """llama-cpp-python's prompts are counted at its tokenizer before the request is sent:
+    the request counts in flight from routing's choice, so a burst's choices see each other."""
+    profile = Profile(name="routing-llama", engine=Profile.Engine.LLAMA_CPP_PYTHON, cpu_cores=1, memory_mib=128,
+                      command="{python} -m llama_cpp.server --model {weights_path} --port {port} --n_ctx 100000",
+                      readiness_path="/v1/models")
+    profile.full_clean()
+    profile.save()
+    model, a, b = pair("routed-burst", PREFIX_AFFINITY, profile=profile)
+    system = system_prompt("burst")
+    tag = f"-{model.pk}-burst"
+    holders = [Holder(servers, chat_body(model.name, system, f"b{i}{tag}")) for i in range(8)]
+    try:
+        def arrived() -> dict[str, int]:
+            return {name: sum(1 for c in engine_contents(servers, name) if c.endswith(tag)) for name in ("a", "b")}
+        wait_until(lambda: sum(arrived().values()) == 8, timeout_s=120, what="the burst at the engines")
+        counts = arrived()
+        # 8 at once with a slack of 2: never more than 2 apart, so at least 3 each.
+        assert min(counts.values()) >= 3, counts
+        assert decisions(servers, model.name)[(PREFIX_AFFINITY, "spill")] >= 1  # then held by both
     finally:
         for holder in holders:
             holder.release()
