@@ -12,7 +12,8 @@ is one of:
   as an engine's KV blocks do). This process remembers where it sent recent blocks
   (:class:`RecentRoutes`, up to :data:`HOLDERS` replicas per block); a remembered match at
   least :data:`ANCHOR_BLOCKS` deep (or the whole prompt, when it is shorter) wins, and of its
-  holders the less loaded. Otherwise rendezvous hashing of the *anchor* — the
+  holders the less loaded (on a tie, the first in rendezvous order, so that web processes
+  whose memories differ after a spill or an outage drift back to the same choice). Otherwise rendezvous hashing of the *anchor* — the
   hash of the first :data:`ANCHOR_BLOCKS` blocks — over the replica ids ranks the replicas
   the same way in every web process, with no shared state, and moves only the anchors of a
   replica that goes away. A prompt shorter than one block has no prefix worth keeping: its
@@ -96,11 +97,15 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _score(key: int, rid: int) -> int:
+    return _mix(key ^ _mix(rid + 1))
+
+
 def rendezvous_order(key: int, replica_ids: Iterable[int]) -> list[int]:
     """``replica_ids`` ranked for ``key`` by rendezvous (highest-random-weight) hashing:
     best first. The same for the same key and ids in every process; removing an id leaves
     the others' order as it was."""
-    return sorted(replica_ids, key=lambda rid: (_mix(key ^ _mix(rid + 1)), rid), reverse=True)
+    return sorted(replica_ids, key=lambda rid: (_score(key, rid), rid), reverse=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +239,9 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
     least = min(load_of.values())
     held = recent.holders(chain, load_of, depth) if recent is not None else ()
     order: list[int] | None = None
-    if held:  # the least loaded of those that hold it (the most recent on a tie)
-        preferred = min(held, key=load_of.__getitem__)
+    if held:  # the least loaded of those that hold it; on a tie, the first in rendezvous order
+        anchor = chain[depth - 1]
+        preferred = held[0] if len(held) == 1 else min(held, key=lambda rid: (load_of[rid], -_score(anchor, rid)))
     else:
         order = rendezvous_order(chain[depth - 1], load_of)
         preferred = order[0] if recent is None else _with_room(order, recent.home_counts())

@@ -71,8 +71,9 @@ def test_every_choice_over_random_loads_and_keys_stays_within_the_bound_and_foll
             chain, anchor = keyed
             depth = min(len(chain), ANCHOR_BLOCKS)
             held = recent.holders(chain, load_of, depth)
-            if held:  # the least loaded holder, the most recent on a tie
-                expected_preferred = min(held, key=lambda rid: (load_of[rid], held.index(rid)))
+            if held:  # the least loaded holder, the first in rendezvous order on a tie
+                ranked = rendezvous_order(anchor, load_of)
+                expected_preferred = min(held, key=lambda rid: (load_of[rid], ranked.index(rid)))
             else:
                 expected_preferred = rendezvous_order(anchor, load_of)[0]
 
@@ -231,7 +232,7 @@ def test_a_remembered_replica_that_is_gone_is_ignored_and_the_key_is_routed_agai
     assert recent.deepest(keys.blocks, {1, 2, 3, 99}, 1) == first  # overwritten: 99 is forgotten for it
 
 
-def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_that_keeps_it():
+def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_and_back_on_return():
     recent = RecentRoutes()
     keys = RouteKeys((5, 6, 7, 8, 9))
     loads = [(1, 0), (2, 0), (3, 0)]
@@ -239,8 +240,10 @@ def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_t
     rest = [(rid, load) for rid, load in loads if rid != home]
     moved = {choose(PREFIX_AFFINITY, rest, keys, recent).replica_id for _ in range(5)}
     assert moved == {rendezvous_order(8, [rid for rid, _ in rest])[0]}
-    # When the replica comes back, the prefix stays where it went (its cache is warm there).
-    assert choose(PREFIX_AFFINITY, loads, keys, recent).replica_id in moved
+    # When the replica comes back, both hold the prefix: idle, the tie goes to the rendezvous
+    # home, where a process that never saw the outage sends it too.
+    assert recent.holders(keys.blocks, {1, 2, 3}, 4) == (*moved, home)
+    assert choose(PREFIX_AFFINITY, loads, keys, recent).replica_id == home
 
 
 # --- rendezvous hashing ---------------------------------------------------------------------------
@@ -345,3 +348,17 @@ def test_new_prefixes_that_all_rank_one_replica_first_are_capped_there_by_the_ke
 def test_key_cap_follows_the_factor():
     assert [key_cap(n, 2) for n in range(6)] == [1, 2, 2, 3, 4, 4]
     assert key_cap(0, 8) == 1 and key_cap(79, 8) == 13
+
+
+def test_two_holders_equally_loaded_go_by_rendezvous_order_so_processes_drift_back_together():
+    keys = RouteKeys(blocks=(81, 82, 83, 84))
+    ids = [1, 2]
+    home, other = rendezvous_order(84, ids)
+    recent = RecentRoutes()
+    choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, recent)
+    # The home goes away for a while: the prefix goes to the other, which now holds it too.
+    assert choose(PREFIX_AFFINITY, [(other, 0)], keys, recent).replica_id == other
+    assert recent.holders(keys.blocks, set(ids), ANCHOR_BLOCKS) == (other, home)
+    # Back and idle: the tie goes to the rendezvous home, as a fresh process would choose.
+    assert choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, recent).replica_id == home
+    assert choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, RecentRoutes()).replica_id == home
