@@ -576,7 +576,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fake", action="store_true", help="fake engines with a prefill model (fast; CI's mode)")
     p.add_argument("--tenants", type=int, default=6, help="T: tenants, each with its own system prompt")
     p.add_argument("--cache-slots", type=int, default=None,
-                   help="N: prompts one replica's cache holds (default ceil(2T/3): 2N >= T > N)")
+                   help="N: prompts one replica's cache holds (2N >= T > N; default: fake ceil(2T/3), "
+                        "real ceil(T/2))")
     p.add_argument("--cache-bytes", type=int, default=None,
                    help="real mode: llama-cpp-python's --cache_size (default: N x one measured state)")
     p.add_argument("--requests", type=int, default=None, help="measured requests a phase (default 120; real 30)")
@@ -593,7 +594,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     args = p.parse_args(argv)
     if args.cache_slots is None:
-        args.cache_slots = max(1, math.ceil(2 * args.tenants / 3))
+        # The fake engine keeps one prompt per tenant; llama-cpp-python one state per request
+        # (a tenant asked twice lately holds two), so its N is counted in requests.
+        args.cache_slots = max(1, math.ceil((2 if args.fake else 1.5) * args.tenants / 3))
     if args.requests is None:
         args.requests = 120 if args.fake else 30
     if args.timeout_s is None:

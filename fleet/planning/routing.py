@@ -58,11 +58,12 @@ OUTCOMES = ("hit", "spill", "unkeyed", LEAST_LOADED)
 HOLDERS = 2
 
 #: New keys per replica: a key this process has not routed yet goes to the first replica
-#: in its rendezvous order that is home to fewer than ⌈KEY_BOUND_FACTOR · (keys + 1) / n⌉
-#: of the keys it remembers (consistent hashing with bounded loads on keys, as Mirrokni et
-#: al. bound them: a few tenants' prompts do not all land on one replica's cache by the
-#: luck of the hash).
-KEY_BOUND_FACTOR = 1.25
+#: in its rendezvous order that is home to fewer than :func:`key_cap` of the keys it
+#: remembers — an even share, plus this fraction of it rounded down (consistent hashing
+#: with bounded loads on keys, as Mirrokni et al. bound them; exact for a handful of keys,
+#: where a few tenants' prompts would otherwise land on one replica's cache by the luck of
+#: the hash, and 25% loose for many, so that the hash decides most).
+KEY_BOUND_SLACK = 0.25
 
 #: Blocks in a request's anchor (the rendezvous key): with the gateway's 256-byte blocks,
 #: the first KiB of the rendered prompt (about 250 tokens).
@@ -259,9 +260,10 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
 
 def key_cap(homed: int, replicas: int) -> int:
     """The most anchors a replica may be home to before a new one passes it by, with
-    ``homed`` anchors at home on ``replicas`` live replicas: ⌈KEY_BOUND_FACTOR · (homed +
-    1) / replicas⌉ (:data:`KEY_BOUND_FACTOR`)."""
-    return math.ceil(KEY_BOUND_FACTOR * (homed + 1) / replicas)
+    ``homed`` anchors at home on ``replicas`` live replicas: ⌈(homed + 1) / replicas⌉ +
+    ⌊KEY_BOUND_SLACK · (homed + 1) / replicas⌋ (:data:`KEY_BOUND_SLACK`)."""
+    share = (homed + 1) / replicas
+    return math.ceil(share) + math.floor(KEY_BOUND_SLACK * share)
 
 
 def _with_room(order: list[int], counts: dict[int, int]) -> int:
