@@ -33,10 +33,29 @@ HAND_TRACE = [(10, A), (20, A), (30, B), (30.1, A), (40, C), (50, A), (50.1, B),
 MISS_S, HIT_S = 1.1, 0.3
 
 #: Worked out request by request (replica chosen; its one-slot cache before → hit?).
-#: least-loaded: replica 1 whenever it is idle (ties: the first), replica 2 for the two
-#: requests arriving while replica 1 runs one (30.1 s, 50.1 s). Only request 2 finds its
-#: prefix (A, left by request 1) on its replica.
-LEAST_LOADED_HITS = [False, True, False, False, False, False, False, False, False, False, False, False]
+#: least-loaded: the fewest in flight, ties rotating as the gateway's do: request k (from
+#: 0) is the model's k-th routed with a prefix and takes turn k, so with both replicas idle
+#: it goes to replica 1 on an even turn, 2 on an odd one; a request arriving while one
+#: replica runs another goes to the idle one whatever its turn. (A miss runs 1.2 s, a hit
+#: 0.4 s, so every request but those at 30.1 s and 50.1 s finds both idle.)
+#:
+#:  k  t_s   prefix turn loads(1,2) → replica  cache before  hit
+#:  0  10    A      0    0,0         → 1        1: -          no   (1 ← A)
+#:  1  20    A      1    0,0         → 2        2: -          no   (2 ← A)
+#:  2  30    B      2    0,0         → 1        1: A          no   (1 ← B, runs to 31.2)
+#:  3  30.1  A      3    1,0         → 2        2: A          yes
+#:  4  40    C      4    0,0         → 1        1: B          no   (1 ← C)
+#:  5  50    A      5    0,0         → 2        2: A          yes  (runs to 50.4)
+#:  6  50.1  B      6    0,1         → 1        1: C          no   (1 ← B)
+#:  7  60    B      7    0,0         → 2        2: A          no   (2 ← B)
+#:  8  70    C      8    0,0         → 1        1: B          no   (1 ← C)
+#:  9  80    A      9    0,0         → 2        2: B          no   (2 ← A)
+#: 10  90    C     10    0,0         → 1        1: C          yes
+#: 11  100   A     11    0,0         → 2        2: A          yes
+#:
+#: Four hits (requests 4, 6, 11, 12 counted from 1); replica 1 ends holding C, replica 2 A.
+#: (Ties to the first, as before the fix, would have found one: request 2.)
+LEAST_LOADED_HITS = [False, False, False, True, False, True, False, False, False, False, True, True]
 #: prefix-affinity: A always on replica 1, B and C share replica 2's one slot. Replica 1
 #: keeps A from request 1 on: requests 2, 4, 6, 10, 12 hit; on replica 2 B, C, B miss, B
 #: (request 8, after B) hits, C misses, C (request 11) hits.
@@ -78,8 +97,45 @@ def test_the_simulators_prefix_caches_match_the_hand_computed_case(policy, hits)
                                                                                                   800 * n_hits)
     assert report.data["trace"]["prefixes"] == 3
     # After the last request each replica holds the prefix routed to it last.
-    last = {1: A, 2: B} if policy == LEAST_LOADED else {1: A, 2: C}
+    last = {1: C, 2: A} if policy == LEAST_LOADED else {1: A, 2: C}
     assert {r.id: r.cache.keys() for r in model.ready} == {rid: [prefix_hash(p)] for rid, p in last.items()}
+
+
+#: Two tenants taking turns on the hand case's model, 2 s apart (each request done in 1.2 s,
+#: so both replicas are idle at every arrival): A at 10, 14, 18, … s, B at 12, 16, 20, … s.
+ALTERNATING = [(10.0 + 2 * k, A if k % 2 == 0 else B) for k in range(20)]
+
+
+@pytest.mark.parametrize("policy", [LEAST_LOADED, PREFIX_AFFINITY])
+def test_two_tenants_taking_turns_keep_to_one_replica_each_under_least_loaded_as_behind_the_gateway(policy):
+    # least-loaded: request k takes turn k with both replicas idle, so A (even k) always
+    # goes to replica 1 and B (odd k) to replica 2, as fleet.live.route's per-model
+    # rotation sends them: the first two miss (each replica's cache starts empty), the
+    # other 18 hit. Ties to the first would have sent all 20 to replica 1, where A and B
+    # evict each other from its one slot: no hit at all. prefix-affinity gets the same 18:
+    # A's rendezvous home is replica 1, B's replica 2 (asserted by the test above).
+    trace = traces.from_rows([(t, "chat", 1000, 10, prefix, 800) for t, prefix in ALTERNATING])
+    raw = Simulator(hand_catalog(policy), parse_fleet("1x2x80G"), trace, SimConfig(check_pruning=True)).run()
+    (model,) = raw.sim.models
+    assert np.frombuffer(model.ttft, dtype=np.float64).tolist() == pytest.approx([MISS_S] * 2 + [HIT_S] * 18,
+                                                                                  abs=1e-9)
+    assert (model.prefix_routed, model.prefix_hits, model.prefill_tokens_saved) == (20, 18, 18 * 800)
+    assert {r.id: r.cache.keys() for r in model.ready} == {1: [prefix_hash(A)], 2: [prefix_hash(B)]}
+
+
+def test_requests_without_a_prefix_do_not_take_a_turn():
+    # Plain requests keep the fast path (ties to the first) and leave the turn counter
+    # alone: with a plain request between each pair, A at 10 s still gets turn 0 (replica
+    # 1), B at 14 s turn 1 (replica 2), A at 18 s turn 2 (replica 1, a hit), and every plain
+    # request goes to replica 1 (both idle, the first) without touching its prefix cache.
+    rows = [(10, "chat", 1000, 10, A, 800), (12, "chat", 1000, 10, None, 0), (14, "chat", 1000, 10, B, 800),
+            (16, "chat", 1000, 10, None, 0), (18, "chat", 1000, 10, A, 800), (20, "chat", 1000, 10, B, 800)]
+    raw = Simulator(hand_catalog(LEAST_LOADED), parse_fleet("1x2x80G"), traces.from_rows(rows),
+                    SimConfig(check_pruning=True)).run()
+    (model,) = raw.sim.models
+    assert np.frombuffer(model.ttft, dtype=np.float64).tolist() == pytest.approx(
+        [MISS_S, MISS_S, MISS_S, MISS_S, HIT_S, HIT_S], abs=1e-9)
+    assert (model.prefix_routed, model.prefix_hits, next(model.turns)) == (4, 2, 4)
 
 
 def test_a_hot_prefix_spills_past_the_load_bound_and_is_then_remembered_where_it_went():
