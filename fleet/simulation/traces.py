@@ -51,6 +51,7 @@ import gzip
 import io
 import json
 import math
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -79,8 +80,9 @@ class Trace:
     Prefixes (optional; None when the trace has none, see the module docstring):
     ``prefix``: int32 indices into ``prefix_ids`` (:data:`NO_PREFIX` for a request without
     one); ``prefix_tokens``: int32, the prefix's length in tokens (0 without one). Raises
-    ValueError for columns of different lengths, a prefix longer than its prompt, or an
-    index outside ``prefix_ids``.
+    ValueError for columns of different lengths, a prefix longer than its prompt, an index
+    outside ``prefix_ids``, or a model name or prefix id that is not Unicode text (a lone
+    surrogate: UTF-8 cannot encode it, so it could be neither hashed nor written).
     """
 
     t_s: np.ndarray
@@ -104,6 +106,12 @@ class Trace:
             raise ValueError("trace columns have different lengths")
         if len(self.t_s) and (np.any(self.t_s < 0) or not np.all(np.isfinite(self.t_s))):
             raise ValueError("trace times must be finite and >= 0 seconds")
+        for what, texts in (("model name", self.names), ("prefix id", self.prefix_ids)):
+            for text in texts:
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"a trace's {what} must be Unicode text, not {text!r} (a lone surrogate)") from None
         columns = ["t_s", "model", "prompt_tokens", "output_tokens"]
         if (self.prefix is None) != (self.prefix_tokens is None):
             raise ValueError("a trace's prefix and prefix_tokens come together")
@@ -282,12 +290,44 @@ def _parse_instant(value) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def _read_text(path: Path) -> io.StringIO:
+    """The file's text (gunzipped for ``.gz``), to read line by line as a file opened with
+    ``newline=""`` reads; ValueError naming the line for bytes that are not UTF-8."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{path}: not a whole gzip file ({exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({exc.reason}: {data[exc.start:exc.end]!r})") from None
+    return io.StringIO(text, newline="")
+
+
+def _lone_surrogate(row: dict) -> str | None:
+    """What is wrong with the first key or string value of ``row`` that is no Unicode text
+    (a lone surrogate such as JSON's ``"\\ud800"``, which UTF-8 cannot encode), or None."""
+    for key, value in row.items():
+        for text in (key, value):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"{key!r} is not Unicode text (a lone surrogate in {text!r})"
+    return None
+
+
 def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
-    """(header, rows as dicts, each row's line number in the file) of a JSONL or CSV file."""
+    """(header, rows as dicts, each row's line number in the file) of a JSONL or CSV file.
+    ValueError, naming the line, for bytes that are not UTF-8 or JSON, a line that is not
+    an object, or a string that is not Unicode text (a lone surrogate)."""
     header: dict = {}
     rows: list[dict] = []
     numbers: list[int] = []
-    with _open_text(path, "r") as f:
+    with _read_text(path) as f:
         if _kind(path) == "jsonl":
             for number, line in enumerate(f, 1):
                 line = line.strip()
@@ -300,8 +340,15 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                 if not isinstance(obj, dict):
                     raise ValueError(f"{path}:{number}: expected an object")
                 if "model" not in obj and not rows:
+                    problem = _lone_surrogate(obj)
+                    if problem:
+                        raise ValueError(f"{path}:{number}: header: {problem}")
                     header = obj
                     continue
+                problem = _lone_surrogate(obj)
+                if problem:
+                    what = "request" if "t_s" in (rows[0] if rows else obj) else "record"
+                    raise ValueError(f"{path}:{number}: {what} {len(rows) + 1}: {problem}")
                 rows.append(obj)
                 numbers.append(number)
         else:

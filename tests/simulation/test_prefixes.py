@@ -11,6 +11,7 @@ come 0.1 s after another, while it still runs.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -220,6 +221,61 @@ def test_a_jsonl_trace_with_a_bad_prefix_is_refused_naming_the_line(tmp_path, ro
     with pytest.raises(ValueError, match=f"t.jsonl:4: request 2: {error}") as info:
         traces.read_trace(path)
     assert "\n" not in str(info.value)
+
+
+START_LINE = '{"trace": 1, "start": "2026-11-30T00:00:00+00:00"}\n'
+GOOD_ROW = '{"t_s": 0, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, "prefix_id": "p", "prefix_tokens": 4}\n'
+
+
+@pytest.mark.parametrize(("row", "error"), [
+    # JSON's \ud800 escape parses to a str that UTF-8 cannot encode (nor prefix_hash hash).
+    ('{"t_s": 1, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, "prefix_id": "t\\ud800", '
+     '"prefix_tokens": 4}', r"request 2: 'prefix_id' is not Unicode text \(a lone surrogate in 't\\ud800'\)"),
+    ('{"t_s": 1, "model": "ch\\udfff", "prompt_tokens": 10, "output_tokens": 1}',
+     r"request 2: 'model' is not Unicode text"),
+])
+def test_a_jsonl_trace_with_a_lone_surrogate_is_refused_naming_the_line(tmp_path, row, error):
+    path = tmp_path / "t.jsonl"
+    path.write_text(START_LINE + GOOD_ROW + row + "\n")
+    with pytest.raises(ValueError, match=f"t.jsonl:3: {error}") as info:
+        traces.read_trace(path)
+    assert "\n" not in str(info.value)
+
+
+def test_llmgw_simulate_refuses_a_lone_surrogate_prefix_with_one_line_and_exit_2(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"models": [{"name": "chat"}], "fleet": "1x2x80G"}))
+    path = tmp_path / "t.jsonl"
+    path.write_text(START_LINE + GOOD_ROW + '{"t_s": 1, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, '
+                    '"prefix_id": "t\\ud800", "prefix_tokens": 4}\n')
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("llmgw", "simulate", "--catalog", str(tmp_path / "c.json"), "--trace", str(path),
+                     "--no-plot", "--no-baseline", stdout=out, stderr=err)
+    assert exit_info.value.code == 2 and out.getvalue() == ""
+    assert err.getvalue() == f"{path}:3: request 2: 'prefix_id' is not Unicode text (a lone surrogate in 't\\ud800')\n"
+
+
+def test_a_trace_built_with_a_lone_surrogate_prefix_id_is_refused():
+    with pytest.raises(ValueError, match=r"a trace's prefix id must be Unicode text, not 't\\ud800'"):
+        traces.from_rows([(0, "chat", 10, 1, "t\ud800", 4)])
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl.gz"])
+def test_a_trace_file_that_is_not_utf8_is_refused_naming_the_line(tmp_path, name):
+    body = (b"t_s,model,prompt_tokens,output_tokens\n0,a,1,1\n1,b\xffc,1,1\n" if name == "t.csv" else
+            START_LINE.encode() + GOOD_ROW.encode() + b'{"t_s": 1, "model": "b\xff", "prompt_tokens": 1, '
+            b'"output_tokens": 1}\n')
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    with pytest.raises(ValueError, match=rf"{name}:3: not UTF-8 text \(invalid start byte: b'\\xff'\)"):
+        traces.read_trace(path)
+
+
+def test_a_gzip_trace_cut_short_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(b"t_s,model,prompt_tokens,output_tokens\n0,a,1,1\n")[:-9])  # no trailer
+    with pytest.raises(ValueError, match="t.csv.gz: not a whole gzip file"):
+        traces.read_trace(path)
 
 
 def test_a_csv_trace_with_a_bad_prefix_is_refused_naming_the_line(tmp_path):
