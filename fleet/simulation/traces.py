@@ -351,13 +351,15 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                     raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
                 if not isinstance(obj, dict):
                     raise ValueError(f"{path}:{number}: expected an object")
+                # Only a \u escape makes a lone surrogate (UTF-8 text has none): skip the walk without one.
+                escaped = "\\u" in line
                 if "model" not in obj and not rows:
-                    problem = _lone_surrogate(obj)
+                    problem = escaped and _lone_surrogate(obj)
                     if problem:
                         raise ValueError(f"{path}:{number}: header: {problem}")
                     header = obj
                     continue
-                problem = _lone_surrogate(obj)
+                problem = escaped and _lone_surrogate(obj)
                 if problem:
                     what = "request" if "t_s" in (rows[0] if rows else obj) else "record"
                     raise ValueError(f"{path}:{number}: {what} {len(rows) + 1}: {problem}")

@@ -242,6 +242,17 @@ def test_a_jsonl_trace_with_a_lone_surrogate_is_refused_naming_the_line(tmp_path
     assert "\n" not in str(info.value)
 
 
+def test_a_lone_surrogate_in_a_traces_header_or_a_usage_record_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"trace": 1, "description": "day \\ud800"}\n' + GOOD_ROW)
+    with pytest.raises(ValueError, match=r"t.jsonl:1: header: 'description' is not Unicode text"):
+        traces.read_trace(path)
+    path.write_text('{"at": "2026-11-30T00:00:00Z", "model": "a", "prompt_tokens": 1, "completion_tokens": 1}\n'
+                    '{"at": "2026-11-30T00:00:01Z", "model": "\\udc80", "prompt_tokens": 1, "completion_tokens": 1}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: record 2: 'model' is not Unicode text"):
+        traces.read_trace(path)
+
+
 def test_llmgw_simulate_refuses_a_lone_surrogate_prefix_with_one_line_and_exit_2(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"models": [{"name": "chat"}], "fleet": "1x2x80G"}))
     path = tmp_path / "t.jsonl"
