@@ -305,9 +305,11 @@ def model_from_dict(obj: dict, default_cold_start_s: float = 60.0) -> ModelSpec:
     policy = str(obj.get("routing_policy", LEAST_LOADED))
     if policy not in POLICIES:
         raise ValueError(f"model {name}: routing_policy '{policy}' is not one of {', '.join(POLICIES)}")
-    cache_slots = int(obj.get("prefix_cache_slots", PREFIX_CACHE_SLOTS))
-    if cache_slots < 0:
-        raise ValueError(f"model {name}: prefix_cache_slots must be ≥ 0 (0: no prefix cache)")
+    cache_slots = obj.get("prefix_cache_slots", PREFIX_CACHE_SLOTS)
+    # Only a whole number: int() would read true as 1 and 1.7 as 1 without a word.
+    if isinstance(cache_slots, bool) or not isinstance(cache_slots, int) or cache_slots < 0:
+        raise ValueError(f"model {name}: prefix_cache_slots must be an integer ≥ 0 (0: no prefix cache), "
+                         f"not {cache_slots!r}")
     return ModelSpec(
         name=name, gpus_needed=gpus,
         gpu_memory_mib=int(obj.get("gpu_memory_mib", 40960 if gpus else 0)),

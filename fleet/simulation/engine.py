@@ -4,7 +4,7 @@ It plays the parts the real cluster splits between processes, on a simulated clo
 
 * **gateway** — routes each arriving request to the ready replica with the fewest requests
   in flight (ties: the first), or, for a request with a prefix, by the model's routing
-  policy (:mod:`.prefixes`); with none ready it holds the request for an on-demand model
+  policy with ties rotating per model, as ``fleet.live.route`` does (:mod:`.prefixes`); with none ready it holds the request for an on-demand model
   (``want``: demand now, unservable forgotten, a pass requested at once) or for a model
   with a replica coming up, and otherwise answers 503 (*rejected: unservable*). A held
   request is answered 503 when a pass finds its model unservable, or after the cluster's
@@ -158,6 +158,10 @@ class _Model:
         self.policy = spec.routing_policy
         self.cache_slots = spec.prefix_cache_slots
         self.recent = RecentRoutes()
+        #: The gateway's per-model turn counter (``fleet.live.route``): ties among equally
+        #: loaded replicas rotate. Counted for requests with a prefix only: the fast path of
+        #: those without one keeps ties to the first (module docstring of :mod:`.prefixes`).
+        self.turns = itertools.count()
         # Fleet memory (ModelState).
         self.wanted_s: float | None = None
         self.wanted_dt: datetime | None = None
@@ -393,8 +397,9 @@ class Simulator:
     def _route(self, m: _Model, t: float, arrival: float, ttft_s: float, dur: float,
                prefix: tuple[int, int] | None = None) -> None:
         """Send a request to a ready replica: without a ``prefix`` (``(hash, tokens)``) the one
-        with the fewest in flight, else by the model's policy (``routing.choose``), with
-        its prefix cache consulted and updated (module docstring)."""
+        with the fewest in flight (ties: the first), else by the model's policy
+        (``routing.choose``, ties rotating per model as the gateway's do), with its prefix
+        cache consulted and updated (module docstring)."""
         ready = m.ready
         r = ready[0]
         if prefix is None:
@@ -406,7 +411,7 @@ class Simulator:
         else:
             key, tokens = prefix
             chosen = choose(m.policy, [(x.id, x.in_flight) for x in ready], RouteKeys(blocks=(key,)),
-                            m.recent).replica_id
+                            m.recent, next(m.turns)).replica_id
             r = next(x for x in ready if x.id == chosen)
             m.prefix_routed += 1
             if r.cache.use(key):

@@ -5,9 +5,15 @@ A trace's request may carry a prefix (``prefix_id``, ``prefix_tokens``; see
 :mod:`fleet.simulation.traces`). Its model routes it by the model's ``routing_policy`` with
 ``fleet.planning.routing.choose``, as the gateway does: one ``RecentRoutes`` per model, the
 prefix as the only block (``RouteKeys(blocks=(prefix_hash(id),))``), loads the ready
-replicas' in-flight counts, ties to the first (``turn`` 0 — the rule of the engine's fast
-path for requests without a prefix, so both pick the same replica where no key decides;
-the gateway rotates ties, which only matters between equally loaded replicas).
+replicas' in-flight counts, and ``turn`` a per-model counter advanced by every request
+routed with a prefix, so ties between equally loaded replicas rotate as the gateway's do
+(``fleet.live.route`` keeps an ``itertools.count`` per model). That matters for
+``least-loaded``: two tenants taking turns on two idle replicas each keep to one replica
+and find their prefix cached, as they would behind the real gateway; ties to the first
+would put both on one replica and understate least-loaded's hits (and overstate what
+prefix-affinity gains). Requests without a prefix keep the engine's fast path — the
+fewest in flight, ties to the first — and do not advance the counter, so a trace without
+prefixes simulates exactly as before.
 
 Each replica keeps the last ``prefix_cache_slots`` prefixes routed to it
 (:class:`PrefixCache`, least recently used out first; a new replica starts empty). A request

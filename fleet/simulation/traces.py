@@ -36,7 +36,10 @@ File formats (``.gz`` after either suffix is read and written compressed):
   :func:`from_usage` takes the rows straight from the database.
 
 A malformed row is refused with one line naming the file, its line number and the request's
-number (``day.csv:7: request 5: ...``).
+number (``day.csv:7: request 5: ...``): a missing or unreadable field, ``t_s`` negative or
+not finite, a token count outside 0 to :data:`MAX_TOKENS` (int32), a CSV row with more
+fields than the header, a string that is not Unicode text (JSON's lone ``\\ud800``), bytes
+that are not UTF-8.
 
 Generators (all deterministic for a given ``seed``): :func:`diurnal` (a working day with
 office hours), :func:`bursts` (sudden crowds on a few models), :func:`long_tail` (many
@@ -51,6 +54,7 @@ import gzip
 import io
 import json
 import math
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -66,6 +70,8 @@ COLUMNS = ("t_s", "model", "prompt_tokens", "output_tokens")
 PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
 #: ``Trace.prefix`` of a request without a prefix.
 NO_PREFIX = -1
+#: The most tokens a request's prompt or answer may have: token counts are int32 columns.
+MAX_TOKENS = 2**31 - 1
 _TIME_KEYS = ("at", "timestamp", "started_at", "created")
 
 
@@ -79,8 +85,10 @@ class Trace:
     Prefixes (optional; None when the trace has none, see the module docstring):
     ``prefix``: int32 indices into ``prefix_ids`` (:data:`NO_PREFIX` for a request without
     one); ``prefix_tokens``: int32, the prefix's length in tokens (0 without one). Raises
-    ValueError for columns of different lengths, a prefix longer than its prompt, or an
-    index outside ``prefix_ids``.
+    ValueError for columns of different lengths, times that are negative or not finite,
+    negative token counts, a prefix longer than its prompt, an index
+    outside ``prefix_ids``, or a model name or prefix id that is not Unicode text (a lone
+    surrogate: UTF-8 cannot encode it, so it could be neither hashed nor written).
     """
 
     t_s: np.ndarray
@@ -104,6 +112,14 @@ class Trace:
             raise ValueError("trace columns have different lengths")
         if len(self.t_s) and (np.any(self.t_s < 0) or not np.all(np.isfinite(self.t_s))):
             raise ValueError("trace times must be finite and >= 0 seconds")
+        if len(self.t_s) and (self.prompt_tokens.min() < 0 or self.output_tokens.min() < 0):
+            raise ValueError("a trace's token counts must be >= 0")
+        for what, texts in (("model name", self.names), ("prefix id", self.prefix_ids)):
+            for text in texts:
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"a trace's {what} must be Unicode text, not {text!r} (a lone surrogate)") from None
         columns = ["t_s", "model", "prompt_tokens", "output_tokens"]
         if (self.prefix is None) != (self.prefix_tokens is None):
             raise ValueError("a trace's prefix and prefix_tokens come together")
@@ -184,10 +200,14 @@ def from_rows(rows: Iterable[Sequence], start: datetime = DEFAULT_START, descrip
         else:
             prefix.append(prefixes.setdefault(str(pid), len(prefixes)))
             prefix_tokens.append(int(row[5]))
+    try:
+        counts = [np.array(column, dtype=np.int32) for column in (prompt, output, prefix_tokens)]
+    except OverflowError:
+        raise ValueError(f"token counts must be between 0 and {MAX_TOKENS:,} (int32)") from None
     return Trace(np.array(t_s, dtype=np.float64), np.array(model, dtype=np.int32), list(index),
-                 np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32), start, description,
+                 counts[0], counts[1], start, description,
                  np.array(prefix, dtype=np.int32) if with_prefixes else None,
-                 np.array(prefix_tokens, dtype=np.int32) if with_prefixes else None, list(prefixes))
+                 counts[2] if with_prefixes else None, list(prefixes))
 
 
 def merge(*traces: Trace, description: str = "") -> Trace:
@@ -282,12 +302,44 @@ def _parse_instant(value) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def _read_text(path: Path) -> io.StringIO:
+    """The file's text (gunzipped for ``.gz``), to read line by line as a file opened with
+    ``newline=""`` reads; ValueError naming the line for bytes that are not UTF-8."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{path}: not a whole gzip file ({exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({exc.reason}: {data[exc.start:exc.end]!r})") from None
+    return io.StringIO(text, newline="")
+
+
+def _lone_surrogate(row: dict) -> str | None:
+    """What is wrong with the first key or string value of ``row`` that is no Unicode text
+    (a lone surrogate such as JSON's ``"\\ud800"``, which UTF-8 cannot encode), or None."""
+    for key, value in row.items():
+        for text in (key, value):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"{key!r} is not Unicode text (a lone surrogate in {text!r})"
+    return None
+
+
 def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
-    """(header, rows as dicts, each row's line number in the file) of a JSONL or CSV file."""
+    """(header, rows as dicts, each row's line number in the file) of a JSONL or CSV file.
+    ValueError, naming the line, for bytes that are not UTF-8 or JSON, a line that is not
+    an object, or a string that is not Unicode text (a lone surrogate)."""
     header: dict = {}
     rows: list[dict] = []
     numbers: list[int] = []
-    with _open_text(path, "r") as f:
+    with _read_text(path) as f:
         if _kind(path) == "jsonl":
             for number, line in enumerate(f, 1):
                 line = line.strip()
@@ -299,9 +351,18 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                     raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
                 if not isinstance(obj, dict):
                     raise ValueError(f"{path}:{number}: expected an object")
+                # Only a \u escape makes a lone surrogate (UTF-8 text has none): skip the walk without one.
+                escaped = "\\u" in line
                 if "model" not in obj and not rows:
+                    problem = escaped and _lone_surrogate(obj)
+                    if problem:
+                        raise ValueError(f"{path}:{number}: header: {problem}")
                     header = obj
                     continue
+                problem = escaped and _lone_surrogate(obj)
+                if problem:
+                    what = "request" if "t_s" in (rows[0] if rows else obj) else "record"
+                    raise ValueError(f"{path}:{number}: {what} {len(rows) + 1}: {problem}")
                 rows.append(obj)
                 numbers.append(number)
         else:
@@ -315,8 +376,16 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                     physical.append(number)
             reader = csv.DictReader(lines)
             for row in reader:
+                number = physical[reader.line_num - 1]
+                if None in row:  # DictReader's restkey: fields beyond the header's columns
+                    columns = reader.fieldnames or []
+                    what = "request" if "t_s" in columns else "record"
+                    extra = len(row[None])
+                    raise ValueError(f"{path}:{number}: {what} {len(rows) + 1}: {extra} more field"
+                                     f"{'s' if extra != 1 else ''} than the header's {len(columns)} columns "
+                                     f"({','.join(columns)})")
                 rows.append(row)
-                numbers.append(physical[reader.line_num - 1])
+                numbers.append(number)
     return header, rows, numbers
 
 
@@ -360,9 +429,12 @@ def read_trace(path: str | Path) -> Trace:
             try:
                 t, model, prompt, output = (float(row["t_s"]), row["model"], int(row["prompt_tokens"]),
                                             int(row["output_tokens"]))
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 raise ValueError(f"{path}:{line}: request {number}: need t_s, model, prompt_tokens, "
                                  f"output_tokens ({exc!r})") from None
+            problem = _out_of_range(t=t, prompt_tokens=prompt, output_tokens=output)
+            if problem:
+                raise ValueError(f"{path}:{line}: request {number}: {problem}")
             if not with_prefixes:
                 yield t, model, prompt, output
                 continue
@@ -375,6 +447,17 @@ def read_trace(path: str | Path) -> Trace:
     return from_rows(parsed(), start, str(header.get("description") or path.name))
 
 
+def _out_of_range(t: float | None = None, **tokens: int | None) -> str | None:
+    """What is out of range in a row's ``t`` (seconds: finite, ≥ 0) and token counts (0 to
+    :data:`MAX_TOKENS`, None: not given), or None."""
+    if t is not None and not (math.isfinite(t) and t >= 0):
+        return f"t_s ({t}) must be finite and ≥ 0 seconds"
+    for key, count in tokens.items():
+        if count is not None and not 0 <= count <= MAX_TOKENS:
+            return f"{key} ({count:,}) must be between 0 and {MAX_TOKENS:,}"
+    return None
+
+
 def _from_usage_rows(path: Path, rows: list[dict], numbers: list[int]) -> Trace:
     records = []
     for number, (line, row) in enumerate(zip(numbers, rows), 1):
@@ -383,11 +466,15 @@ def _from_usage_rows(path: Path, rows: list[dict], numbers: list[int]) -> Trace:
             model = row.get("model") or row["model_name"]
             out = row.get("completion_tokens", row.get("output_tokens"))
             total = row.get("total_ms")
-            records.append((_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
-                            _int_or_none(out), float(total) if total not in (None, "") else None))
-        except (StopIteration, KeyError, TypeError, ValueError) as exc:
+            record = (_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
+                      _int_or_none(out), float(total) if total not in (None, "") else None)
+        except (StopIteration, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"{path}:{line}: record {number}: need at (or timestamp), model (or model_name), "
                              f"prompt_tokens, completion_tokens ({exc!r})") from None
+        problem = _out_of_range(prompt_tokens=record[2], completion_tokens=record[3])
+        if problem:
+            raise ValueError(f"{path}:{line}: record {number}: {problem}")
+        records.append(record)
     return from_usage(records, f"usage records replayed from {path.name}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -33,10 +34,29 @@ HAND_TRACE = [(10, A), (20, A), (30, B), (30.1, A), (40, C), (50, A), (50.1, B),
 MISS_S, HIT_S = 1.1, 0.3
 
 #: Worked out request by request (replica chosen; its one-slot cache before → hit?).
-#: least-loaded: replica 1 whenever it is idle (ties: the first), replica 2 for the two
-#: requests arriving while replica 1 runs one (30.1 s, 50.1 s). Only request 2 finds its
-#: prefix (A, left by request 1) on its replica.
-LEAST_LOADED_HITS = [False, True, False, False, False, False, False, False, False, False, False, False]
+#: least-loaded: the fewest in flight, ties rotating as the gateway's do: request k (from
+#: 0) is the model's k-th routed with a prefix and takes turn k, so with both replicas idle
+#: it goes to replica 1 on an even turn, 2 on an odd one; a request arriving while one
+#: replica runs another goes to the idle one whatever its turn. (A miss runs 1.2 s, a hit
+#: 0.4 s, so every request but those at 30.1 s and 50.1 s finds both idle.)
+#:
+#:  k  t_s   prefix turn loads(1,2) → replica  cache before  hit
+#:  0  10    A      0    0,0         → 1        1: -          no   (1 ← A)
+#:  1  20    A      1    0,0         → 2        2: -          no   (2 ← A)
+#:  2  30    B      2    0,0         → 1        1: A          no   (1 ← B, runs to 31.2)
+#:  3  30.1  A      3    1,0         → 2        2: A          yes
+#:  4  40    C      4    0,0         → 1        1: B          no   (1 ← C)
+#:  5  50    A      5    0,0         → 2        2: A          yes  (runs to 50.4)
+#:  6  50.1  B      6    0,1         → 1        1: C          no   (1 ← B)
+#:  7  60    B      7    0,0         → 2        2: A          no   (2 ← B)
+#:  8  70    C      8    0,0         → 1        1: B          no   (1 ← C)
+#:  9  80    A      9    0,0         → 2        2: B          no   (2 ← A)
+#: 10  90    C     10    0,0         → 1        1: C          yes
+#: 11  100   A     11    0,0         → 2        2: A          yes
+#:
+#: Four hits (requests 4, 6, 11, 12 counted from 1); replica 1 ends holding C, replica 2 A.
+#: (Ties to the first, as before the fix, would have found one: request 2.)
+LEAST_LOADED_HITS = [False, False, False, True, False, True, False, False, False, False, True, True]
 #: prefix-affinity: A always on replica 1, B and C share replica 2's one slot. Replica 1
 #: keeps A from request 1 on: requests 2, 4, 6, 10, 12 hit; on replica 2 B, C, B miss, B
 #: (request 8, after B) hits, C misses, C (request 11) hits.
@@ -78,8 +98,45 @@ def test_the_simulators_prefix_caches_match_the_hand_computed_case(policy, hits)
                                                                                                   800 * n_hits)
     assert report.data["trace"]["prefixes"] == 3
     # After the last request each replica holds the prefix routed to it last.
-    last = {1: A, 2: B} if policy == LEAST_LOADED else {1: A, 2: C}
+    last = {1: C, 2: A} if policy == LEAST_LOADED else {1: A, 2: C}
     assert {r.id: r.cache.keys() for r in model.ready} == {rid: [prefix_hash(p)] for rid, p in last.items()}
+
+
+#: Two tenants taking turns on the hand case's model, 2 s apart (each request done in 1.2 s,
+#: so both replicas are idle at every arrival): A at 10, 14, 18, … s, B at 12, 16, 20, … s.
+ALTERNATING = [(10.0 + 2 * k, A if k % 2 == 0 else B) for k in range(20)]
+
+
+@pytest.mark.parametrize("policy", [LEAST_LOADED, PREFIX_AFFINITY])
+def test_two_tenants_taking_turns_keep_to_one_replica_each_under_least_loaded_as_behind_the_gateway(policy):
+    # least-loaded: request k takes turn k with both replicas idle, so A (even k) always
+    # goes to replica 1 and B (odd k) to replica 2, as fleet.live.route's per-model
+    # rotation sends them: the first two miss (each replica's cache starts empty), the
+    # other 18 hit. Ties to the first would have sent all 20 to replica 1, where A and B
+    # evict each other from its one slot: no hit at all. prefix-affinity gets the same 18:
+    # A's rendezvous home is replica 1, B's replica 2 (asserted by the test above).
+    trace = traces.from_rows([(t, "chat", 1000, 10, prefix, 800) for t, prefix in ALTERNATING])
+    raw = Simulator(hand_catalog(policy), parse_fleet("1x2x80G"), trace, SimConfig(check_pruning=True)).run()
+    (model,) = raw.sim.models
+    assert np.frombuffer(model.ttft, dtype=np.float64).tolist() == pytest.approx([MISS_S] * 2 + [HIT_S] * 18,
+                                                                                  abs=1e-9)
+    assert (model.prefix_routed, model.prefix_hits, model.prefill_tokens_saved) == (20, 18, 18 * 800)
+    assert {r.id: r.cache.keys() for r in model.ready} == {1: [prefix_hash(A)], 2: [prefix_hash(B)]}
+
+
+def test_requests_without_a_prefix_do_not_take_a_turn():
+    # Plain requests keep the fast path (ties to the first) and leave the turn counter
+    # alone: with a plain request between each pair, A at 10 s still gets turn 0 (replica
+    # 1), B at 14 s turn 1 (replica 2), A at 18 s turn 2 (replica 1, a hit), and every plain
+    # request goes to replica 1 (both idle, the first) without touching its prefix cache.
+    rows = [(10, "chat", 1000, 10, A, 800), (12, "chat", 1000, 10, None, 0), (14, "chat", 1000, 10, B, 800),
+            (16, "chat", 1000, 10, None, 0), (18, "chat", 1000, 10, A, 800), (20, "chat", 1000, 10, B, 800)]
+    raw = Simulator(hand_catalog(LEAST_LOADED), parse_fleet("1x2x80G"), traces.from_rows(rows),
+                    SimConfig(check_pruning=True)).run()
+    (model,) = raw.sim.models
+    assert np.frombuffer(model.ttft, dtype=np.float64).tolist() == pytest.approx(
+        [MISS_S, MISS_S, MISS_S, MISS_S, HIT_S, HIT_S], abs=1e-9)
+    assert (model.prefix_routed, model.prefix_hits, next(model.turns)) == (4, 2, 4)
 
 
 def test_a_hot_prefix_spills_past_the_load_bound_and_is_then_held_by_both_replicas():
@@ -167,6 +224,54 @@ def test_a_jsonl_trace_with_a_bad_prefix_is_refused_naming_the_line(tmp_path, ro
     assert "\n" not in str(info.value)
 
 
+START_LINE = '{"trace": 1, "start": "2026-11-30T00:00:00+00:00"}\n'
+GOOD_ROW = '{"t_s": 0, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, "prefix_id": "p", "prefix_tokens": 4}\n'
+
+
+@pytest.mark.parametrize(("row", "error"), [
+    # JSON's \ud800 escape parses to a str that UTF-8 cannot encode (nor prefix_hash hash).
+    ('{"t_s": 1, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, "prefix_id": "t\\ud800", '
+     '"prefix_tokens": 4}', r"request 2: 'prefix_id' is not Unicode text \(a lone surrogate in 't\\ud800'\)"),
+    ('{"t_s": 1, "model": "ch\\udfff", "prompt_tokens": 10, "output_tokens": 1}',
+     r"request 2: 'model' is not Unicode text"),
+])
+def test_a_jsonl_trace_with_a_lone_surrogate_is_refused_naming_the_line(tmp_path, row, error):
+    path = tmp_path / "t.jsonl"
+    path.write_text(START_LINE + GOOD_ROW + row + "\n")
+    with pytest.raises(ValueError, match=f"t.jsonl:3: {error}") as info:
+        traces.read_trace(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_lone_surrogate_in_a_traces_header_or_a_usage_record_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"trace": 1, "description": "day \\ud800"}\n' + GOOD_ROW)
+    with pytest.raises(ValueError, match=r"t.jsonl:1: header: 'description' is not Unicode text"):
+        traces.read_trace(path)
+    path.write_text('{"at": "2026-11-30T00:00:00Z", "model": "a", "prompt_tokens": 1, "completion_tokens": 1}\n'
+                    '{"at": "2026-11-30T00:00:01Z", "model": "\\udc80", "prompt_tokens": 1, "completion_tokens": 1}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: record 2: 'model' is not Unicode text"):
+        traces.read_trace(path)
+
+
+def test_llmgw_simulate_refuses_a_lone_surrogate_prefix_with_one_line_and_exit_2(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"models": [{"name": "chat"}], "fleet": "1x2x80G"}))
+    path = tmp_path / "t.jsonl"
+    path.write_text(START_LINE + GOOD_ROW + '{"t_s": 1, "model": "chat", "prompt_tokens": 10, "output_tokens": 1, '
+                    '"prefix_id": "t\\ud800", "prefix_tokens": 4}\n')
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("llmgw", "simulate", "--catalog", str(tmp_path / "c.json"), "--trace", str(path),
+                     "--no-plot", "--no-baseline", stdout=out, stderr=err)
+    assert exit_info.value.code == 2 and out.getvalue() == ""
+    assert err.getvalue() == f"{path}:3: request 2: 'prefix_id' is not Unicode text (a lone surrogate in 't\\ud800')\n"
+
+
+def test_a_trace_built_with_a_lone_surrogate_prefix_id_is_refused():
+    with pytest.raises(ValueError, match=r"a trace's prefix id must be Unicode text, not 't\\ud800'"):
+        traces.from_rows([(0, "chat", 10, 1, "t\ud800", 4)])
+
+
 def test_a_csv_trace_with_a_bad_prefix_is_refused_naming_the_line(tmp_path):
     path = tmp_path / "t.csv"
     header = "# start=2026-11-30T00:00:00+00:00\nt_s,model,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
@@ -208,8 +313,14 @@ def test_a_catalog_names_its_routing_policy_and_prefix_cache_slots():
     assert again.models == catalog.models
     with pytest.raises(ValueError, match="routing_policy 'sticky' is not one of least-loaded, prefix-affinity"):
         catalog_from_dict([{"name": "a", "routing_policy": "sticky"}])
-    with pytest.raises(ValueError, match="prefix_cache_slots must be ≥ 0"):
-        catalog_from_dict([{"name": "a", "prefix_cache_slots": -1}])
+
+
+@pytest.mark.parametrize("slots", [True, False, 1.7, 2.0, "x", "4", None, -1])
+def test_a_catalog_refuses_prefix_cache_slots_that_are_not_a_whole_number_naming_the_model(slots):
+    # int() would have read true and 1.7 as 1, and said nothing of the model for "x".
+    with pytest.raises(ValueError, match=r"^model chat: prefix_cache_slots must be an integer ≥ 0 \(0: no prefix "
+                                         rf"cache\), not {re.escape(repr(slots))}$"):
+        catalog_from_dict([{"name": "ok", "prefix_cache_slots": 0}, {"name": "chat", "prefix_cache_slots": slots}])
 
 
 @pytest.mark.django_db

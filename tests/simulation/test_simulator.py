@@ -8,8 +8,10 @@ planned on the full snapshot and must agree with the simulator's shortcuts.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
+import re
 from datetime import UTC, datetime, time, timedelta
 
 import numpy as np
@@ -442,6 +444,93 @@ def test_the_plot_is_a_png(tmp_path):
     ours = simulate(catalog, parse_fleet("1x2x80G"), trace)
     path = plot(ours, tmp_path / "p.png", baseline(catalog, parse_fleet("1x2x80G"), trace))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: A JSONL trace's first lines: its start, one good request.
+START_LINE = '{"trace": 1, "start": "2026-11-30T00:00:00+00:00"}\n'
+GOOD_ROW = '{"t_s": 0, "model": "chat", "prompt_tokens": 10, "output_tokens": 1}\n'
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl.gz"])
+def test_a_trace_file_that_is_not_utf8_is_refused_naming_the_line(tmp_path, name):
+    body = (b"t_s,model,prompt_tokens,output_tokens\n0,a,1,1\n1,b\xffc,1,1\n" if name == "t.csv" else
+            START_LINE.encode() + GOOD_ROW.encode() + b'{"t_s": 1, "model": "b\xff", "prompt_tokens": 1, '
+            b'"output_tokens": 1}\n')
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    with pytest.raises(ValueError, match=rf"{name}:3: not UTF-8 text \(invalid start byte: b'\\xff'\)"):
+        traces.read_trace(path)
+
+
+def test_a_gzip_trace_cut_short_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(b"t_s,model,prompt_tokens,output_tokens\n0,a,1,1\n")[:-9])  # no trailer
+    with pytest.raises(ValueError, match="t.csv.gz: not a whole gzip file"):
+        traces.read_trace(path)
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ('"prompt_tokens": 99999999999, "output_tokens": 1', "prompt_tokens (99,999,999,999) must be between 0 and "
+                                                          "2,147,483,647"),
+    ('"prompt_tokens": 10, "output_tokens": 2147483648', "output_tokens (2,147,483,648) must be between 0 and "
+                                                         "2,147,483,647"),
+    ('"prompt_tokens": -1, "output_tokens": 1', "prompt_tokens (-1) must be between 0 and 2,147,483,647"),
+    ('"prompt_tokens": Infinity, "output_tokens": 1', "need t_s, model, prompt_tokens, output_tokens"),
+])
+def test_a_jsonl_trace_with_a_token_count_out_of_range_is_refused_naming_the_line(tmp_path, fields, error):
+    path = tmp_path / "t.jsonl"
+    path.write_text(START_LINE + GOOD_ROW + f'{{"t_s": 1, "model": "chat", {fields}}}\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}:3: request 2: {error}')}") as info:
+        traces.read_trace(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_csv_trace_with_a_count_out_of_range_or_a_bad_time_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "t.csv"
+    header = "t_s,model,prompt_tokens,output_tokens\n0,a,10,1\n"
+    path.write_text(header + "1,a,99999999999,1\n")
+    with pytest.raises(ValueError, match=r"t.csv:3: request 2: prompt_tokens \(99,999,999,999\) must be between "
+                                         r"0 and 2,147,483,647$"):
+        traces.read_trace(path)
+    path.write_text(header + "-5,a,10,1\n")
+    with pytest.raises(ValueError, match=r"t.csv:3: request 2: t_s \(-5.0\) must be finite and ≥ 0 seconds$"):
+        traces.read_trace(path)
+    path.write_text(header + "inf,a,10,1\n")
+    with pytest.raises(ValueError, match=r"t.csv:3: request 2: t_s \(inf\) must be finite"):
+        traces.read_trace(path)
+
+
+def test_a_usage_record_with_a_token_count_out_of_range_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "u.csv"
+    path.write_text("at,model,prompt_tokens,completion_tokens\n2026-11-30T00:00:00Z,a,1,1\n"
+                    "2026-11-30T00:00:01Z,a,1,99999999999\n")
+    with pytest.raises(ValueError, match=r"u.csv:3: record 2: completion_tokens \(99,999,999,999\) must be "
+                                         r"between 0 and 2,147,483,647$"):
+        traces.read_trace(path)
+
+
+def test_a_trace_built_with_a_token_count_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="token counts must be between 0 and 2,147,483,647"):
+        traces.from_rows([(0, "a", 99999999999, 1)])
+    with pytest.raises(ValueError, match="token counts must be >= 0"):
+        traces.from_rows([(0, "a", -1, 1)])
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    ("t_s,model,prompt_tokens,output_tokens\n0,a,10,1\n1,a,10,1,extra\n",
+     "t.csv:3: request 2: 1 more field than the header's 4 columns (t_s,model,prompt_tokens,output_tokens)"),
+    ("# start=2026-11-30T00:00:00+00:00\nt_s,model,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+     "0,a,10,1,p,4,x,y\n",
+     "t.csv:3: request 1: 2 more fields than the header's 6 columns"),
+    ("at,model,prompt_tokens,completion_tokens\n2026-11-30T00:00:00Z,a,1,1,9\n",
+     "t.csv:2: record 1: 1 more field than the header's 4 columns"),
+])
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_naming_the_line(tmp_path, body, error):
+    path = tmp_path / "t.csv"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=re.escape(error)) as info:
+        traces.read_trace(path)
+    assert "\n" not in str(info.value)
 
 
 # --- The command ------------------------------------------------------------------------------------
