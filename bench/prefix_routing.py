@@ -23,8 +23,10 @@ agent on a profile made here:
   (``--cache true --cache_type ram --cache_size BYTES``). BYTES = ``--cache-slots`` × the size
   of one saved state of a tenant's prompt, measured here first with llama_cpp in this process
   (``--cache-bytes`` sets BYTES instead). That cache keeps a state per *completion* (keyed by
-  prompt + answer, the oldest dropped beyond BYTES), besides the prompt left in the context from
-  the last request, so N slots hold the replica's last N requests, not N tenants. The engine-side
+  prompt + answer, the least recently used dropped beyond BYTES), besides the prompt left in
+  the context from the last request; a hit marks the state it loaded as used and saves a new
+  one beside it, so a tenant served again holds two states: H tenants asked in turn fit
+  N = 2H - 1 states (the default N is 2 ⌈T/2⌉ - 1: three tenants a replica for five). The engine-side
   prompt tokens evaluated are the ``prompt eval time = ... ms / N tokens`` lines llama.cpp prints
   after each completion (``llama_perf_context_print``) in the engine's log, which the agent
   writes to ``STATE_DIR/logs/replica-ID.log``; cached = the ``Llama.generate: N prefix-match
@@ -38,7 +40,8 @@ llama-cpp-python's ``gemma`` chat format would drop the system message; the gate
 into the user turn for that engine (``EngineTraits.drops_system_messages``), as Gemma's own
 template does, so the engine evaluates it.
 ``max_tokens`` ``--max-tokens`` (8), ``temperature`` 0, streamed. ``--requests`` requests per
-phase in a fixed pseudo-random order of tenants (``--seed``), sent by ``--concurrency`` C
+phase, the tenants interleaved — each in turn, in one seeded order repeated — or, with
+``--order random``, drawn uniformly (``--seed``), sent by ``--concurrency`` C
 closed-loop clients taking the next request as one ends.
 
 Phases, on the same two replicas: first the model's ``routing_policy`` is ``least-loaded``, then
@@ -126,10 +129,16 @@ def user_turn(i: int) -> str:
     return f"Question {i}: what about the " + " ".join(rng.choice(WORDS) for _ in range(6)) + "?"
 
 
-def request_order(tenants: int, requests: int, seed: int) -> list[int]:
-    """The tenants of ``requests`` requests in a fixed pseudo-random order."""
+def request_order(tenants: int, requests: int, seed: int, order: str = "interleaved") -> list[int]:
+    """The tenants of ``requests`` requests: ``interleaved`` — each tenant in turn, in one
+    seeded order repeated (A C B F D E A C B …) —, or ``random`` — each request's tenant
+    drawn uniformly (seeded)."""
     rng = random.Random(seed)
-    return [rng.randrange(tenants) for _ in range(requests)]
+    if order == "random":
+        return [rng.randrange(tenants) for _ in range(requests)]
+    turn = list(range(tenants))
+    rng.shuffle(turn)
+    return [turn[i % tenants] for i in range(requests)]
 
 
 def body(tenant: int, i: int, args) -> bytes:
@@ -453,7 +462,7 @@ def run_phase(policy: str, gateway: str, key: str, model, replicas, args) -> Pha
                                  args.timeout_s))
     if any(w.failure for w in warm):
         raise RuntimeError(f"warm-up failed: {[w.failure for w in warm if w.failure]}")
-    order = request_order(args.tenants, args.requests, args.seed)
+    order = request_order(args.tenants, args.requests, args.seed, args.order)
     bodies = [(t, body(t, i, args)) for i, t in enumerate(order)]
     before = engine_counters(replicas, args)
     outcomes0 = routing_outcomes(gateway, policy)
@@ -578,29 +587,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     usage error when the cache slots N do not satisfy 2N >= T > N."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fake", action="store_true", help="fake engines with a prefill model (fast; CI's mode)")
-    p.add_argument("--tenants", type=int, default=6, help="T: tenants, each with its own system prompt")
+    p.add_argument("--tenants", type=int, default=None, help="T: tenants, each with its own system prompt "
+                   "(default: fake 6, real 5)")
     p.add_argument("--cache-slots", type=int, default=None,
-                   help="N: prompts one replica's cache holds (2N >= T > N; default: fake ceil(2T/3), "
-                        "real ceil(T/2))")
+                   help="N: prompts (fake) or prompt states (real: H tenants in turn take 2H - 1) one "
+                        "replica's cache holds; the tenants it holds, H, must satisfy 2H >= T > H (default: fake "
+                        "ceil(2T/3), real 2 ceil(T/2) - 1)")
     p.add_argument("--cache-bytes", type=int, default=None,
                    help="real mode: llama-cpp-python's --cache_size (default: N x one measured state)")
     p.add_argument("--requests", type=int, default=None, help="measured requests a phase (default 120; real 30)")
-    p.add_argument("--concurrency", type=int, default=4, help="C: closed-loop clients (default 4)")
+    p.add_argument("--concurrency", type=int, default=None, help="C: closed-loop clients (default: fake 4, real 1)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--system-words", type=int, default=1000, help="words of each system prompt (~1 token each)")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.3, help="fake engine: ms per prompt token evaluated")
     p.add_argument("--token-delay-ms", type=float, default=2.0, help="fake engine: ms between output tokens")
     p.add_argument("--seed", type=int, default=17, help="seed of the tenants' order")
+    p.add_argument("--order", choices=("interleaved", "random"), default="interleaved",
+                   help="interleaved: each tenant in turn, in one seeded order repeated (default); random: uniform draws")
     p.add_argument("--timeout-s", type=float, default=None, help="a request slower than this is lost (fake 60, real 600)")
     p.add_argument("--ready-timeout-s", type=float, default=None, help="for the two replicas (fake 90, real 900)")
     p.add_argument("--port-base", type=int, default=24100, help="the agent's engine ports: from here, 100 of them")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     args = p.parse_args(argv)
+    # Tenants one replica's cache holds: the fake engine keeps one prompt per tenant;
+    # llama-cpp-python's RAM cache one state per request, and a hit keeps the state it loaded
+    # beside the one it saves, so a tenant served again takes two of its N states.
+    if args.tenants is None:
+        args.tenants = 6 if args.fake else 5
+    if args.concurrency is None:
+        args.concurrency = 4 if args.fake else 1
     if args.cache_slots is None:
-        # The fake engine keeps one prompt per tenant; llama-cpp-python one state per request
-        # (a tenant asked twice lately holds two), so its N is counted in requests.
-        args.cache_slots = max(1, math.ceil((2 if args.fake else 1.5) * args.tenants / 3))
+        args.cache_slots = (math.ceil(2 * args.tenants / 3) if args.fake
+                            else 2 * math.ceil(args.tenants / 2) - 1)
     if args.requests is None:
         args.requests = 120 if args.fake else 30
     if args.timeout_s is None:
@@ -609,9 +628,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.ready_timeout_s = 90.0 if args.fake else 900.0
     if args.tenants < 2 or args.requests < 1 or args.concurrency < 1 or args.max_tokens < 1:
         p.error("--tenants must be >= 2, --requests, --concurrency and --max-tokens >= 1")
-    if not args.cache_slots < args.tenants <= 2 * args.cache_slots:
-        p.error(f"--cache-slots {args.cache_slots}: two replicas' caches must hold the {args.tenants} tenants "
-                f"together (2N >= T) and one replica's must not (N < T)")
+    # In turn, H tenants fit N = 2H - 1 llama-cpp-python states (each but the one just
+    # served holds its loaded and its saved state).
+    held = args.cache_slots if args.fake else (args.cache_slots + 1) // 2
+    args.tenants_per_cache = held
+    if not held < args.tenants <= 2 * held:
+        p.error(f"--cache-slots {args.cache_slots} ({held} tenants a replica): two replicas' caches must hold the "
+                f"{args.tenants} tenants together and one replica's must not")
     return args
 
 
