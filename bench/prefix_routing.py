@@ -584,7 +584,7 @@ def _interrupt(*_) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The options (see ``--help``), with the per-mode defaults filled in; exits with a
-    usage error when the cache slots N do not satisfy 2N >= T > N."""
+    usage error when the tenants one cache holds, H, do not satisfy 2H >= T > H."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fake", action="store_true", help="fake engines with a prefill model (fast; CI's mode)")
     p.add_argument("--tenants", type=int, default=None, help="T: tenants, each with its own system prompt "
@@ -592,7 +592,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-slots", type=int, default=None,
                    help="N: prompts (fake) or prompt states (real: H tenants in turn take 2H - 1) one "
                         "replica's cache holds; the tenants it holds, H, must satisfy 2H >= T > H (default: fake "
-                        "ceil(2T/3), real 2 ceil(T/2) - 1)")
+                        "ceil(T/2), real 2 ceil(T/2) - 1)")
     p.add_argument("--cache-bytes", type=int, default=None,
                    help="real mode: llama-cpp-python's --cache_size (default: N x one measured state)")
     p.add_argument("--requests", type=int, default=None, help="measured requests a phase (default 120; real 30)")
@@ -618,7 +618,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.concurrency is None:
         args.concurrency = 4 if args.fake else 1
     if args.cache_slots is None:
-        args.cache_slots = (math.ceil(2 * args.tenants / 3) if args.fake
+        args.cache_slots = (math.ceil(args.tenants / 2) if args.fake
                             else 2 * math.ceil(args.tenants / 2) - 1)
     if args.requests is None:
         args.requests = 120 if args.fake else 30

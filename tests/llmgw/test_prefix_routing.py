@@ -67,7 +67,7 @@ def test_tenants_prompts_differ_from_their_first_bytes_and_the_order_is_fixed():
 
 
 def test_the_cache_must_hold_the_tenants_on_two_replicas_but_not_on_one():
-    assert prefix_routing.parse_args(["--fake", "--tenants", "6"]).cache_slots == 4
+    assert prefix_routing.parse_args(["--fake", "--tenants", "6"]).cache_slots == 3
     for slots in ("2", "6"):
         with pytest.raises(SystemExit):
             prefix_routing.parse_args(["--fake", "--tenants", "6", "--cache-slots", slots])
