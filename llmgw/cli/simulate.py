@@ -9,6 +9,8 @@ prefill tokens saved, routed by the catalog's ``routing_policy`` (issue 17).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +30,7 @@ from fleet.simulation import (
     read_catalog,
     simulate,
 )
+from fleet.planning.routing import POLICIES
 from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, shared_prefixes
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
@@ -72,6 +75,9 @@ def add_arguments(parser) -> None:
     how.add_argument("--baseline", default="peak", metavar="peak|N",
                      help="static fleet to compare with: sized for each model's peak (default), or N per model")
     how.add_argument("--no-baseline", action="store_true")
+    how.add_argument("--routing-policy", choices=POLICIES, default=None,
+                     help="route every model by this policy instead of its own (compare two runs: "
+                          "least-loaded against prefix-affinity on a trace with prefixes)")
     how.add_argument("--interval", type=float, default=None,
                      help="seconds between reconcile passes (default: LLMGW_RECONCILE_INTERVAL)")
     how.add_argument("--duration", type=float, default=None, help="seconds to simulate (default: the trace, "
@@ -140,6 +146,9 @@ def run(options, stdout, stderr) -> int:
     except (OSError, ValueError) as exc:
         stderr.write(f"{exc}\n")
         return USAGE
+    if options.get("routing_policy"):
+        catalog = dataclasses.replace(catalog, models=tuple(
+            dataclasses.replace(m, routing_policy=options["routing_policy"]) for m in catalog.models))
     if not len(trace):
         stderr.write("the trace has no requests\n")
         return FAILED
@@ -204,7 +213,7 @@ def _print_prefixes(out, ours, base, top) -> None:
                   _fmt(t["prefill_tokens_saved"])] + ([_fmt(base.totals.get("prefix_hit_rate"), "%")] if base else []))
     out.print(table(f"prefix cache ({ours.data['trace']['prefixes']:,} prefixes in the trace)",
                     ["model", "routing", "slots", "with a prefix", "hit rate", "prefill tokens saved"]
-                    + (["hit rate, static"] if base else []), lines))
+                    + (["hit rate, baseline"] if base else []), lines))
 
 
 def _print(out, ours, base, comparison, png, wall_s, top) -> None:

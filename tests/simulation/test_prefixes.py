@@ -395,3 +395,14 @@ def test_llmgw_simulate_runs_the_shared_prefixes_scenario():
     data = json.loads(out.getvalue())["llmgw"]
     assert data["totals"]["requests"] == 400 and data["trace"]["prefixes"] == 24
     assert data["models"][0]["routing_policy"] == PREFIX_AFFINITY and data["totals"]["prefix_hits"] > 0
+
+
+def test_routing_policy_overrides_every_models_policy_so_two_runs_compare_policies():
+    def run(policy: str) -> dict:
+        out = io.StringIO()
+        call_command("llmgw", "simulate", "--scenario", "shared-prefixes", "--requests", "1500", "--no-plot",
+                     "--no-baseline", "--json", "--routing-policy", policy, stdout=out)
+        return json.loads(out.getvalue())["llmgw"]["models"][0]
+    least, affinity = run(LEAST_LOADED), run(PREFIX_AFFINITY)
+    assert (least["routing_policy"], affinity["routing_policy"]) == (LEAST_LOADED, PREFIX_AFFINITY)
+    assert affinity["prefix_hit_rate"] > least["prefix_hit_rate"] + 0.1
