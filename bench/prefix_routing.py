@@ -62,8 +62,8 @@ requests behind it and least-loaded's p50 carries that wait; with C = 2 nothing 
 least-loaded and its p50 is a cache hit whenever fewer than half its requests miss (N/T ≥
 1/2), so the p50 goal can miss while p95 and requests/s still show the gap. With C ≥ 3 the
 load bound spills requests of a busy replica; a spilled tenant is then held by both replicas
-(``RecentRoutes``, two holders per prefix) and its next requests go to the less loaded of
-the two, so a spill costs one prefill, not one per request. The tenants' homes after the
+(``RecentRoutes``, two holders per prefix) and its next requests stay on the one it went to
+until that one is over the bound, so a spill costs one prefill, not one per request. The tenants' homes after the
 warm-up (rendezvous order and the key bound, ``fleet.planning.routing.key_cap``) are printed
 too: with T tenants and N slots per replica (2N ≥ T > N) a split worse than N : T-N means one
 replica's cache cannot hold its share. ``--json`` prints the results as JSON.

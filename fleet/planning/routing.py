@@ -11,9 +11,10 @@ is one of:
   hashes them chained (block *i*'s hash names the whole prompt up to the end of block *i*,
   as an engine's KV blocks do). This process remembers where it sent recent blocks
   (:class:`RecentRoutes`, up to :data:`HOLDERS` replicas per block); a remembered match at
-  least :data:`ANCHOR_BLOCKS` deep (or the whole prompt, when it is shorter) wins, and of its
-  holders the less loaded (on a tie, the first in rendezvous order, so that web processes
-  whose memories differ after a spill or an outage drift back to the same choice). Otherwise rendezvous hashing of the *anchor* — the
+  least :data:`ANCHOR_BLOCKS` deep (or the whole prompt, when it is shorter) wins: its most
+  recent holder while that one is within the load bound, else the other (a prefix stays where
+  it is until load moves it; choosing the less loaded holder each time made it bounce between
+  two caches and thrash both). Otherwise rendezvous hashing of the *anchor* — the
   hash of the first :data:`ANCHOR_BLOCKS` blocks — over the replica ids ranks the replicas
   the same way in every web process, with no shared state, and moves only the anchors of a
   replica that goes away. A prompt shorter than one block has no prefix worth keeping: its
@@ -53,8 +54,8 @@ POLICIES = (LEAST_LOADED, PREFIX_AFFINITY, SESSION)
 #: block and no session (least-loaded); ``least-loaded`` — the policy itself.
 OUTCOMES = ("hit", "spill", "unkeyed", LEAST_LOADED)
 
-#: Replicas remembered per key: a prefix that spilled is held by two replicas, and the
-#: next request of it goes to the less loaded of them (no second prefill).
+#: Replicas remembered per key: a prefix that spilled is held by two replicas, and goes to
+#: the other one (no second prefill) whenever the one it is on is over the bound.
 HOLDERS = 2
 
 #: New keys per replica: a key this process has not routed yet goes to the first replica
@@ -240,9 +241,8 @@ def choose(policy: str, loads: Sequence[tuple[int, int]], keys: RouteKeys = NO_K
     least = min(load_of.values())
     held = recent.holders(chain, load_of, depth) if recent is not None else ()
     order: list[int] | None = None
-    if held:  # the least loaded of those that hold it; on a tie, the first in rendezvous order
-        anchor = chain[depth - 1]
-        preferred = held[0] if len(held) == 1 else min(held, key=lambda rid: (load_of[rid], -_score(anchor, rid)))
+    if held:  # the most recent holder while it is within the bound, else the next that is
+        preferred = next((rid for rid in held if within_bound(load_of[rid], least)), held[0])
     else:
         order = rendezvous_order(chain[depth - 1], load_of)
         preferred = order[0] if recent is None else _with_room(order, recent.home_counts())

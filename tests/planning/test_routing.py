@@ -71,9 +71,8 @@ def test_every_choice_over_random_loads_and_keys_stays_within_the_bound_and_foll
             chain, anchor = keyed
             depth = min(len(chain), ANCHOR_BLOCKS)
             held = recent.holders(chain, load_of, depth)
-            if held:  # the least loaded holder, the first in rendezvous order on a tie
-                ranked = rendezvous_order(anchor, load_of)
-                expected_preferred = min(held, key=lambda rid: (load_of[rid], ranked.index(rid)))
+            if held:  # the most recent holder within the bound, else the next, else the most recent
+                expected_preferred = next((rid for rid in held if within_bound(load_of[rid], least)), held[0])
             else:
                 expected_preferred = rendezvous_order(anchor, load_of)[0]
 
@@ -232,7 +231,7 @@ def test_a_remembered_replica_that_is_gone_is_ignored_and_the_key_is_routed_agai
     assert recent.deepest(keys.blocks, {1, 2, 3, 99}, 1) == first  # overwritten: 99 is forgotten for it
 
 
-def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_and_back_on_return():
+def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_that_keeps_it():
     recent = RecentRoutes()
     keys = RouteKeys((5, 6, 7, 8, 9))
     loads = [(1, 0), (2, 0), (3, 0)]
@@ -240,10 +239,9 @@ def test_a_replica_going_away_moves_its_remembered_prefix_to_one_other_replica_a
     rest = [(rid, load) for rid, load in loads if rid != home]
     moved = {choose(PREFIX_AFFINITY, rest, keys, recent).replica_id for _ in range(5)}
     assert moved == {rendezvous_order(8, [rid for rid, _ in rest])[0]}
-    # When the replica comes back, both hold the prefix: idle, the tie goes to the rendezvous
-    # home, where a process that never saw the outage sends it too.
+    # When the replica comes back, the prefix stays where it went (its cache is warm there).
     assert recent.holders(keys.blocks, {1, 2, 3}, 4) == (*moved, home)
-    assert choose(PREFIX_AFFINITY, loads, keys, recent).replica_id == home
+    assert choose(PREFIX_AFFINITY, loads, keys, recent).replica_id in moved
 
 
 # --- rendezvous hashing ---------------------------------------------------------------------------
@@ -300,7 +298,7 @@ def test_keys_spread_roughly_evenly_over_the_replicas(keys):
         assert all(0.75 * share < n < 1.25 * share for n in firsts.values()), firsts
 
 
-def test_a_spilled_prefix_is_held_by_two_replicas_and_goes_to_the_less_loaded_of_them():
+def test_a_spilled_prefix_is_held_by_two_replicas_and_stays_on_one_until_load_moves_it():
     keys = RouteKeys(blocks=(71, 72, 73, 74, 75))
     ids = [1, 2, 3, 4]
     order = rendezvous_order(74, ids)
@@ -310,11 +308,17 @@ def test_a_spilled_prefix_is_held_by_two_replicas_and_goes_to_the_less_loaded_of
     spilled = choose(PREFIX_AFFINITY, busy, keys, recent)
     assert (spilled.outcome, spilled.replica_id) == ("spill", order[1])
     assert recent.holders(keys.blocks, set(ids), ANCHOR_BLOCKS) == (order[1], order[0])
-    # Both hold it now: the less loaded of the two takes it, without a spill, wherever it is.
-    for loads_first, expected in ((1, order[1]), (0, order[0])):
-        loads = [(order[0], loads_first), (order[1], 1 - loads_first), (order[2], 0), (order[3], 0)]
+    # Both hold it now. It stays where it went while that one is within the bound, a request
+    # more or less on either notwithstanding (moving each time would thrash both caches)...
+    for first_load, second_load in ((1, 0), (0, 1), (0, 0)):
+        loads = [(order[0], first_load), (order[1], second_load), (order[2], 0), (order[3], 0)]
         decision = choose(PREFIX_AFFINITY, loads, keys, recent)
-        assert (decision.outcome, decision.replica_id) == ("hit", expected)
+        assert (decision.outcome, decision.replica_id) == ("hit", order[1])
+    # ...and goes back to the other holder, without a spill, once it is over the bound.
+    loads = [(order[0], 0), (order[1], 2), (order[2], 0), (order[3], 0)]
+    decision = choose(PREFIX_AFFINITY, loads, keys, recent)
+    assert (decision.outcome, decision.replica_id) == ("hit", order[0])
+    assert recent.holders(keys.blocks, set(ids), ANCHOR_BLOCKS) == (order[0], order[1])
 
 
 def test_a_key_keeps_at_most_two_holders_and_forgets_the_gone_and_the_oldest():
@@ -350,7 +354,7 @@ def test_key_cap_is_an_even_share_for_a_few_keys_and_a_quarter_more_for_many():
     assert key_cap(0, 8) == 1 and key_cap(79, 8) == 12 and key_cap(799, 8) == 125
 
 
-def test_two_holders_equally_loaded_go_by_rendezvous_order_so_processes_drift_back_together():
+def test_after_an_outage_the_prefix_stays_on_the_replica_that_took_it_over():
     keys = RouteKeys(blocks=(81, 82, 83, 84))
     ids = [1, 2]
     home, other = rendezvous_order(84, ids)
@@ -359,6 +363,7 @@ def test_two_holders_equally_loaded_go_by_rendezvous_order_so_processes_drift_ba
     # The home goes away for a while: the prefix goes to the other, which now holds it too.
     assert choose(PREFIX_AFFINITY, [(other, 0)], keys, recent).replica_id == other
     assert recent.holders(keys.blocks, set(ids), ANCHOR_BLOCKS) == (other, home)
-    # Back and idle: the tie goes to the rendezvous home, as a fresh process would choose.
-    assert choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, recent).replica_id == home
+    # Back and idle: it stays where its cache is warm now (a fresh process would send it
+    # home: both replicas hold it then, which costs one prefill, not one per request).
+    assert choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, recent).replica_id == other
     assert choose(PREFIX_AFFINITY, [(home, 0), (other, 0)], keys, RecentRoutes()).replica_id == home

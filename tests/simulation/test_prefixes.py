@@ -143,16 +143,15 @@ def test_a_hot_prefix_spills_past_the_load_bound_and_is_then_held_by_both_replic
     # A (preferred: replica 1) three times within 0.2 s, then twice alone. Request 1: replica
     # 1, a miss. Request 2: replica 1 runs one, the least loaded none: 1 - 0 < 2, within the
     # bound: replica 1, a hit. Request 3: replica 1 runs two: 2 - 0 ≥ 2, it spills to
-    # replica 2, a miss; RecentRoutes now says A is held by replicas 2 and 1. Requests 4 and
-    # 5 find both idle: the tie goes to the rendezvous home, replica 1, which still holds A:
-    # hits.
+    # replica 2, a miss; RecentRoutes now says A is held by replicas 2 and 1, 2 the most
+    # recent. Requests 4 and 5 stay there (within the bound): hits.
     trace = traces.from_rows([(t, "chat", 1000, 10, A, 800) for t in (10, 10.1, 10.2, 20, 30)])
     raw = Simulator(hand_catalog(PREFIX_AFFINITY), parse_fleet("1x2x80G"), trace, SimConfig(check_pruning=True)).run()
     (model,) = raw.sim.models
     assert np.frombuffer(model.ttft, dtype=np.float64).tolist() == pytest.approx(
         [MISS_S, HIT_S, MISS_S, HIT_S, HIT_S], abs=1e-9)
     assert (model.prefix_routed, model.prefix_hits, model.prefill_tokens_saved) == (5, 3, 2400)
-    assert model.recent.holders((prefix_hash(A),), {1, 2}, 1) == (1, 2)
+    assert model.recent.holders((prefix_hash(A),), {1, 2}, 1) == (2, 1)
     assert {r.id: r.cache.keys() for r in model.ready} == {1: [prefix_hash(A)], 2: [prefix_hash(A)]}
 
 
