@@ -588,7 +588,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fake", action="store_true", help="fake engines with a prefill model (fast; CI's mode)")
     p.add_argument("--tenants", type=int, default=None, help="T: tenants, each with its own system prompt "
-                   "(default: fake 6, real 5)")
+                   "(default 5)")
     p.add_argument("--cache-slots", type=int, default=None,
                    help="N: prompts (fake) or prompt states (real: H tenants in turn take 2H - 1) one "
                         "replica's cache holds; the tenants it holds, H, must satisfy 2H >= T > H (default: fake "
@@ -613,8 +613,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Tenants one replica's cache holds: the fake engine keeps one prompt per tenant;
     # llama-cpp-python's RAM cache one state per request, and a hit keeps the state it loaded
     # beside the one it saves, so a tenant served again takes two of its N states.
-    if args.tenants is None:
-        args.tenants = 6 if args.fake else 5
+    if args.tenants is None:  # odd: least-loaded taking turns over two replicas never falls in step with them
+        args.tenants = 5
     if args.concurrency is None:
         args.concurrency = 4 if args.fake else 1
     if args.cache_slots is None:
@@ -628,6 +628,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.ready_timeout_s = 90.0 if args.fake else 900.0
     if args.tenants < 2 or args.requests < 1 or args.concurrency < 1 or args.max_tokens < 1:
         p.error("--tenants must be >= 2, --requests, --concurrency and --max-tokens >= 1")
+    if args.system_words < 300:
+        p.error("--system-words must be >= 300: a prompt shorter than the routing anchor (1 KiB) has no prefix")
+    if not 1024 <= args.port_base <= 65535 - 100:
+        p.error("--port-base must leave 100 ports below 65536, from 1024")
+    if args.timeout_s <= 0:
+        p.error("--timeout-s must be > 0")
     # In turn, H tenants fit N = 2H - 1 llama-cpp-python states (each but the one just
     # served holds its loaded and its saved state).
     held = args.cache_slots if args.fake else (args.cache_slots + 1) // 2
@@ -681,6 +687,8 @@ def main(argv=None) -> int:
         ok = True
     except KeyboardInterrupt:
         say("interrupted")
+    except (RuntimeError, TimeoutError) as exc:  # a phase that could not run (warm-up, replicas)
+        say(f"failed: {exc}")
     finally:
         shield_cleanup()
         for proc in reversed(procs):  # agent first (it stops its engines), then worker, then web
