@@ -35,7 +35,8 @@ from fleet.simulation.catalog import (
     read_catalog,
     static_catalog,
 )
-from fleet.simulation.engine import SimConfig, Simulator
+from fleet.simulation.config import SimConfig
+from fleet.simulation.engine import Simulator
 from fleet.simulation.report import Report, build_report, compare, plot
 from fleet.simulation.traces import Trace
 

@@ -54,7 +54,6 @@ import math
 import time as wallclock
 from array import array
 from collections import deque
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -63,6 +62,7 @@ from fleet.planning import planner
 from fleet.planning.routing import RecentRoutes, RouteKeys, choose
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
 from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
+from fleet.simulation.config import SimConfig
 from fleet.simulation.loads import POLL, LoadReports
 from fleet.simulation.prefixes import PrefixCache, prefix_hash
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
@@ -72,39 +72,6 @@ S = ReplicaState
 INF = float("inf")
 FOREVER = datetime.max.replace(tzinfo=UTC)
 _ACK, _READY, _STOPPED = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """How the simulated shell behaves. Durations in seconds of simulated time."""
-
-    reconcile_interval_s: float = 3.0
-    #: Shortest time between two passes: a requested pass waits for the running one.
-    pass_gap_s: float = 0.1
-    #: Placing → starting: the agent receives its desired set and starts the engine.
-    ack_s: float = 0.5
-    #: Stopping → stopped: the agent stops the engine and reports it.
-    stop_s: float = 5.0
-    #: Agents heartbeat this often (their ``last_seen_at``, and the loads they carry).
-    heartbeat_s: float = 5.0
-    #: The report path (:mod:`.loads`): agents read engine metrics this often; loads reach
-    #: the reconciler on every heartbeat (``"heartbeat"``), only when they change
-    #: (``"on_change"``: agents before issue 14) or at once (``"instant"``: no path).
-    load_poll_s: float = 5.0
-    load_reports: str = "heartbeat"
-    #: LLMGW_LOAD_STALE, LLMGW_USAGE_FLUSH_INTERVAL, LLMGW_USAGE_REPORT_FRESH.
-    load_stale_s: float = 15.0
-    usage_flush_interval_s: float = 1.0
-    usage_report_fresh_s: float = 10.0
-    #: Replicas placed by the first pass (at 0 s) are ready at once: the day starts with
-    #: what the catalog keeps running already up, as a cluster that has been running would.
-    warm_start: bool = True
-    #: Simulate until this many seconds (default: the last arrival, rounded up to an hour).
-    duration_s: float | None = None
-    #: A scale step reversed within this many seconds counts as an oscillation.
-    oscillation_window_s: float = 300.0
-    #: Also plan every pass on the full snapshot and assert the same actions (slow; tests).
-    check_pruning: bool = False
 
 
 class _Rep:

@@ -622,9 +622,8 @@ def admin_model_post(model: Model, **changes) -> dict:
             "min_replicas": model.min_replicas, "max_replicas": model.max_replicas,
             "idle_timeout_s": model.idle_timeout_s or "", "default_max_tokens": model.default_max_tokens or "",
             "external_base_url": model.external_base_url, "external_api_key": model.external_api_key,
-            "routing_policy": model.routing_policy}  # a select: a browser always sends one
-    if model.on_demand:
-        data["on_demand"] = "on"
+            "routing_policy": model.routing_policy,  # a select: a browser always sends one
+            **({"on_demand": "on"} if model.on_demand else {})}  # a checkbox: sent only when ticked
     for prefix in ("schedule_windows", "benchmarks"):
         data.update({f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0", f"{prefix}-MIN_NUM_FORMS": "0",
                      f"{prefix}-MAX_NUM_FORMS": "1000"})
