@@ -417,8 +417,9 @@ class Watcher:
         self._last_token_sweep = 0.0
         #: Replicas an agent connected to this process reported not ready, taken out of
         #: routing at once (:meth:`withdraw`) and kept out until a refresh agrees or the
-        #: agent reports them ready again (:meth:`readmit`).
-        self._withdrawn: dict[int, str] = {}  # replica id → the agent that withdrew it
+        #: agent reports them ready again (:meth:`readmit`). Replica id → (the agent that
+        #: withdrew it, when: ``time.monotonic()``).
+        self._withdrawn: dict[int, tuple[str, float]] = {}
         #: Replicas whose engine refused a connection here, out of routing until the time
         #: (``self.clock()``, monotonic) given (:meth:`quarantine`).
         self._quarantined: dict[int, float] = {}
@@ -470,8 +471,9 @@ class Watcher:
         (docs/architecture.md, "Decisions": readiness proves identity). Other web processes
         learn it from the database at their next refresh."""
         ids = {int(i) for i in replica_ids}
+        now = time.monotonic()
         for rid in ids:
-            self._withdrawn[rid] = agent_name
+            self._withdrawn[rid] = (agent_name, now)
         mine = {e.replica_id for eps in self.view.routes.values() for e in eps
                 if e.replica_id in ids and e.agent_name == agent_name}
         if not mine:
@@ -562,9 +564,13 @@ class Watcher:
         view.version = self.view.version + 1
         if self._withdrawn:
             # Kept out until a refresh no longer routes them (their rows caught up); an id
-            # counts only for the agent that withdrew it.
+            # counts only for the agent that withdrew it. Only a refresh that began after the
+            # withdrawal tells: one already reading when the report came may have read rows
+            # from before the replica was ready, and letting it go then would route it again
+            # at the next refresh of rows the report has not reached yet.
             routed = {e.replica_id: e.agent_name for eps in view.routes.values() for e in eps}
-            self._withdrawn = {rid: agent for rid, agent in self._withdrawn.items() if routed.get(rid) == agent}
+            self._withdrawn = {rid: (agent, at) for rid, (agent, at) in self._withdrawn.items()
+                               if routed.get(rid) == agent or at >= started}
             if self._withdrawn:
                 view = _without(view, set(self._withdrawn))
         if self._quarantined:

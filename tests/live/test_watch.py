@@ -299,6 +299,49 @@ def test_a_replica_its_agent_reports_not_ready_leaves_routing_at_once_and_stays_
     assert [e.replica_id for e in w.view.routes[1]] == [7, 8]
 
 
+def test_a_refresh_already_reading_when_a_replica_is_withdrawn_does_not_let_it_back_in(monkeypatch):
+    """A refresh that began before the agent's report may have read rows from before the
+    replica was routed at all; it says nothing about whether the failure was written. Only a
+    refresh begun after the withdrawal may release it, so the next refresh of rows the
+    report has not reached yet keeps it out (the load-dependent failure of stop 26)."""
+    import asyncio
+    import threading
+
+    from fleet.live import watch
+    from fleet.live.watch import AgentGenerations, Endpoint, View, Watcher
+
+    def view_with(*ids):
+        return View(routes={1: tuple(Endpoint(i, 1, f"http://127.0.0.1:{20000 + i}", "gpu-a") for i in ids)})
+
+    w = Watcher()
+    w.view = view_with(7, 8)
+    reading, go_on = threading.Event(), threading.Event()
+
+    def slow_read_without_7(*args):  # began before 7 was ready: its rows do not route it
+        reading.set()
+        go_on.wait(5)
+        return view_with(8), AgentGenerations()
+
+    async def scenario():
+        monkeypatch.setattr(watch, "_load_view", slow_read_without_7)
+        in_flight = asyncio.create_task(w._refresh())
+        await asyncio.to_thread(reading.wait, 5)
+        w.withdraw([7], "gpu-a")  # the agent reports 7 failed while that refresh reads
+        go_on.set()
+        await in_flight
+        assert [e.replica_id for e in w.view.routes[1]] == [8]
+        # The next refresh reads rows the failure has not reached yet: 7 still ready there.
+        monkeypatch.setattr(watch, "_load_view", lambda *a: (view_with(7, 8), AgentGenerations()))
+        await w._refresh()
+        assert [e.replica_id for e in w.view.routes[1]] == [8]
+        # Written: a refresh begun after the withdrawal no longer routes it, and lets it go.
+        monkeypatch.setattr(watch, "_load_view", lambda *a: (view_with(8), AgentGenerations()))
+        await w._refresh()
+        assert not w._withdrawn
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_reported_not_ready_before_any_refresh_routed_it_stays_out_but_only_for_its_own_agent(
         monkeypatch):
     """An agent back after the web process restarted says hello with an engine that died
