@@ -25,17 +25,42 @@ timers — the seed read it as zero, which scales down under a broken metrics en
   shows it no longer does). Forgiving spikes against a measured capacity too was tried: in
   the simulated day it scaled the 70B models down earlier, at moments when their drained
   replica still held requests longer than the 30 s drain grace (6 cut off).
+* Rising (issue 18; ``ScalingPolicy.ramp``): for a model whose cold start is long — at
+  least :data:`RAMP_COLD_START_FACTOR` times ``scale_up_after_s`` — waiting for a queue
+  comes a cold start too late. The requests in flight are followed by two exponential
+  averages (:class:`Trend`: :data:`TREND_FAST_S` and :data:`TREND_SLOW_S`), whose gap is
+  the load's slope; when the load is already a real share of the replicas' capacity
+  (:data:`RAMP_FLOOR`), rising, and expected one cold start plus ``scale_up_after_s`` from
+  now to pass :data:`RAMP_TARGET` of it, for ``scale_up_after_s`` in a row, one replica is
+  added ahead of the queue. The averages damp a spike (a burst of seconds barely moves the
+  slow one, and must last ``scale_up_after_s``); a replica added for a rise that stalls is
+  taken back by the quiet rule like any other, and a rising load is never quiet. Without a
+  capacity (measured or seen at saturation) nothing is projected.
 * Anything else resets all timers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 #: How full the replicas left after a scale-down may be, of their measured capacity.
 SCALE_DOWN_HEADROOM = 0.7
+
+#: The trend's two averages (seconds): their gap, over the difference, is the slope.
+TREND_FAST_S = 60.0
+TREND_SLOW_S = 300.0
+#: The trend moves at most this often (seconds): every pass would be a change to store.
+TREND_STEP_S = 15.0
+#: A gap this long in known loads starts the trend afresh.
+TREND_RESET_S = 120.0
+#: Rising is judged only for a cold start this many times ``scale_up_after_s`` or longer.
+RAMP_COLD_START_FACTOR = 3.0
+#: Step ahead when the load expected after a cold start passes this share of the capacity
+#: of the replicas there are, and only once it is at least ``RAMP_FLOOR`` of it now.
+RAMP_TARGET = 0.85
+RAMP_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,8 @@ class ScalingPolicy:
     scale_up_waiting: float = 1.0
     scale_up_after_s: float = 30.0
     scale_down_after_s: float = 300.0
+    #: Step ahead of a rising load for models with a long cold start (module docstring).
+    ramp: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,67 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Trend:
+    """The requests in flight (running + waiting) of a model, followed by two exponential
+    averages with time constants :data:`TREND_FAST_S` and :data:`TREND_SLOW_S`, last moved
+    ``at``; ``rising_since``: since when it has been rising towards its capacity.
+
+    For a load growing by *b* per second both averages settle *b·τ* behind it, so
+    ``(fast − slow) / (τ_slow − τ_fast)`` is the slope and ``fast + slope·τ_fast`` the level."""
+
+    fast: float
+    slow: float
+    at: datetime
+    rising_since: datetime | None = None
+
+    @property
+    def slope_per_s(self) -> float:
+        return (self.fast - self.slow) / (TREND_SLOW_S - TREND_FAST_S)
+
+    @property
+    def level(self) -> float:
+        return self.fast + self.slope_per_s * TREND_FAST_S
+
+    def expected(self, after_s: float) -> float:
+        """The load ``after_s`` seconds from the last move, if the slope holds."""
+        return self.level + self.slope_per_s * after_s
+
+    def as_json(self) -> dict:
+        return {"fast": round(self.fast, 4), "slow": round(self.slow, 4), "at": self.at.isoformat(),
+                "rising_since": self.rising_since.isoformat() if self.rising_since else None}
+
+    @classmethod
+    def from_json(cls, data: object) -> Trend | None:
+        """The trend stored by :meth:`as_json`; None for anything else (it restarts)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            at = datetime.fromisoformat(data["at"])
+            rising = data.get("rising_since")
+            trend = cls(float(data["fast"]), float(data["slow"]), at,
+                        datetime.fromisoformat(rising) if rising else None)
+        except (KeyError, TypeError, ValueError):
+            return None
+        if at.tzinfo is None or not (math.isfinite(trend.fast) and math.isfinite(trend.slow)):
+            return None
+        return trend
+
+
+def follow(trend: Trend | None, demand: float, now: datetime) -> Trend:
+    """``trend`` moved to ``demand`` (requests in flight) at ``now``; at most every
+    :data:`TREND_STEP_S` (else unchanged), afresh after a gap of :data:`TREND_RESET_S`."""
+    if trend is None:
+        return Trend(float(demand), float(demand), now)
+    dt = (now - trend.at).total_seconds()
+    if dt > TREND_RESET_S or dt < 0:
+        return Trend(float(demand), float(demand), now)
+    if dt < TREND_STEP_S:
+        return trend
+    a, b = math.exp(-dt / TREND_FAST_S), math.exp(-dt / TREND_SLOW_S)
+    return Trend(a * trend.fast + (1 - a) * demand, b * trend.slow + (1 - b) * demand, now, trend.rising_since)
+
+
+@dataclass(frozen=True)
 class ScalingState:
     """What a model remembers between passes (stored in ModelState). ``observed_per_replica``:
     the most requests one ready replica was seen running while requests waited (its
@@ -73,6 +161,8 @@ class ScalingState:
     quiet_since: datetime | None = None
     observed_per_replica: int | None = None
     crowded_since: datetime | None = None
+    #: The load's trend, followed only where the rising rule may apply (module docstring).
+    trend: Trend | None = None
 
 
 @dataclass(frozen=True)
@@ -94,13 +184,23 @@ def _fmt(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
+def ramp_applies(cold_start_s: float | None, policy: ScalingPolicy) -> bool:
+    """Whether the rising rule may step for a model whose replicas take ``cold_start_s``
+    to start: the policy allows it and the start is long against the reaction time."""
+    return (policy.ramp and cold_start_s is not None
+            and cold_start_s >= RAMP_COLD_START_FACTOR * policy.scale_up_after_s)
+
+
 def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: int | None, starting: bool,
-             state: ScalingState, now: datetime, policy: ScalingPolicy) -> Step:
+             state: ScalingState, now: datetime, policy: ScalingPolicy,
+             cold_start_s: float | None = None) -> Step:
     """One pass of the scaling rules for one model (see the module docstring).
 
     ``base``: replicas without load; ``ceiling``: max now (window max or model max);
     ``measured_per_replica``: benchmarked max concurrency for the profile in use, if any;
-    ``starting``: a replica of the model is still placing, downloading or starting.
+    ``starting``: a replica of the model is still placing, downloading or starting;
+    ``cold_start_s``: how long its replicas take to start (the estimate of
+    ``fleet.planning.warmth``), which the rising rule projects over.
     """
     if base == 0 or ceiling <= base:
         return Step(ScalingState(observed_per_replica=state.observed_per_replica))
@@ -119,10 +219,18 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
     fits_in_fewer = capacity is None or (
         load.running <= SCALE_DOWN_HEADROOM * capacity * max(load.replicas - 1, 0)
     )
+    trend = None
+    rising = ""
+    if ramp_applies(cold_start_s, policy):
+        trend = follow(state.trend, in_flight, now)
+        rising = _rising(trend, capacity, current, cold_start_s + policy.scale_up_after_s)
+        since = (trend.rising_since or now) if rising else None
+        if since != trend.rising_since:
+            trend = replace(trend, rising_since=since)
 
     def keep(extra: int, busy_since: datetime | None = None, quiet_since: datetime | None = None,
              crowded_since: datetime | None = None) -> ScalingState:
-        return ScalingState(extra, busy_since, quiet_since, observed, crowded_since)
+        return ScalingState(extra, busy_since, quiet_since, observed, crowded_since, trend)
 
     if waiting_per_replica >= policy.scale_up_waiting or over_measured:
         if state.busy_since is None:
@@ -136,6 +244,13 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
                 why = f"{waiting_per_replica:.1f} waiting per replica for {_fmt(busy_for)}"
             return Step(keep(extra + 1, busy_since=now), current, current + 1, "scale up: " + why)
         return Step(keep(extra, busy_since=state.busy_since))
+    if rising and trend is not None and trend.rising_since is not None:
+        rising_for = (now - trend.rising_since).total_seconds()
+        if rising_for >= policy.scale_up_after_s and current < ceiling and not starting:
+            trend = replace(trend, rising_since=now)
+            return Step(keep(extra + 1), current, current + 1,
+                        f"scale up ahead of a rising load: {rising} (for {_fmt(rising_for)})")
+        return Step(keep(extra))  # rising is never quiet
     if load.waiting == 0 and extra > 0 and not fits_in_fewer:
         crowded_since = state.crowded_since or now
         if measured_per_replica is not None or (now - crowded_since).total_seconds() >= policy.scale_up_after_s:
@@ -156,3 +271,19 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
             return Step(keep(extra - 1, quiet_since=now), current, current - 1, why)
         return Step(keep(extra, quiet_since=state.quiet_since))
     return Step(keep(extra))
+
+
+def _rising(trend: Trend, capacity: int | None, replicas: int, horizon_s: float) -> str:
+    """The rising rule's verdict in words ("38 in flight, rising 1.6/min: 52 expected in
+    3 min, over 85% of 2 × 24"), or "" when the load is not rising towards the capacity of
+    ``replicas`` within ``horizon_s`` seconds."""
+    if capacity is None or replicas < 1:
+        return ""
+    slope = trend.slope_per_s
+    total = capacity * replicas
+    level = trend.level
+    expected = trend.expected(horizon_s)
+    if slope <= 0 or level < RAMP_FLOOR * total or expected <= RAMP_TARGET * total:
+        return ""
+    return (f"{level:.0f} in flight, rising {slope * 60:.1f}/min: {expected:.0f} expected in {_fmt(horizon_s)}, "
+            f"over {RAMP_TARGET:.0%} of {replicas} × {capacity}")
