@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-from fleet.planning.scaling import Load, ScalingPolicy, ScalingState
+from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, Trend
+from fleet.planning.warmth import Ahead, ColdStart, Prediction, UpcomingWindow
 from fleet.states import ReplicaState
 
 S = ReplicaState
@@ -38,6 +39,13 @@ class Policy:
     #: An agent's silence is counted from the later of its last message and this instant,
     #: so a control plane (or database) that stalled does not blame the agents for it.
     listening_since: datetime | None = None
+    #: Warm before demand (docs/architecture.md, R11): the cluster's time zone (hours of the
+    #: week are local), the cold start assumed for a model never started, and the three
+    #: rules, each of which an operator may switch off (the ramp is ``scaling.ramp``).
+    time_zone: str = "UTC"
+    default_cold_start_s: float = 120.0
+    prewarm_windows: bool = True
+    predictive_warmth: bool = True
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,21 @@ class ModelView:
     last_error: str = ""
     #: The hash of what shapes its engine now (``fleet.control.specs.spec_hash``).
     spec_hash: str = ""
+    #: The load's trend between passes (``fleet.planning.scaling.Trend``), if followed.
+    trend: Trend | None = None
+    #: Warm before demand (R11, ``fleet.planning.warmth``): its measured cold start (None:
+    #: never started), the next schedule window to start, and — for an on-demand model —
+    #: the run of likely hours its arrival profile predicts around now (``warmth.predict``,
+    #: which the shell calls with the model's lead and idle timeout). ``ahead`` is what
+    #: :func:`fleet.planning.planner.warm_ahead` makes of the window at the pass's instant:
+    #: the shell leaves it None.
+    cold_start: ColdStart | None = None
+    next_window: UpcomingWindow | None = None
+    predicted: Prediction | None = None
+    ahead: Ahead | None = None
+    #: When a replica kept warm on a prediction was last evicted for a wanted model: the
+    #: room is contested, so the rest of that predicted run places none again (R11).
+    warm_evicted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +232,14 @@ class ModelOutcome:
     #: Load-scaling memory to store, and the step taken this pass (from, to, why) if any.
     scaling: ScalingState = field(default_factory=ScalingState)
     scaled: tuple[int, int, str] | None = None
+    #: Warm before demand (R11): what raised ``desired`` ahead of demand, in words ("pre-warm:
+    #: window … starts in 3 min; …", "kept warm: usually asked for on weekdays 09–10; warm
+    #: until 10:15"); "" when nothing did. ``speculative``: its only replica is kept on a
+    #: prediction (placed on free room alone, evicted first).
+    warm_ahead: str = ""
+    speculative: bool = False
+    #: A replica of it kept warm on a prediction was evicted this pass (store the instant).
+    warm_evicted: bool = False
 
 
 @dataclass

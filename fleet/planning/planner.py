@@ -17,6 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, Step, evaluate
+from fleet.planning.warmth import ColdStart, window_ahead
 from fleet.planning.data import (
     AgentView, GpuView, ModelOutcome, ModelView, Move, MoveCause, Place, Plan, Policy, ProfileView, ReplicaView,
     Snapshot,
@@ -42,37 +43,102 @@ def idle_timeout_s(model: ModelView, policy: Policy) -> float:
 
 
 def min_replicas_now(model: ModelView) -> int:
-    """A model's floor now: the schedule window's min, else its own min (eviction never goes
-    below it, docs/architecture.md, R5)."""
-    return model.window_min if model.window_min is not None else model.min_replicas
+    """A model's floor now: the schedule window's min, else its own min — or the upcoming
+    window's, brought forward by pre-warm (``model.ahead``, R11) — eviction never goes
+    below it (docs/architecture.md, R5)."""
+    low = model.window_min if model.window_min is not None else model.min_replicas
+    return max(low, model.ahead.min_replicas) if model.ahead is not None else low
+
+
+def ceiling_now(model: ModelView) -> int:
+    """A model's max now: the window's max, else its own; under pre-warm the larger of that
+    and the upcoming window's (``model.ahead``, R11)."""
+    if model.ahead is not None:
+        return model.ahead.max_replicas
+    return model.window_max if model.window_max else model.max_replicas
+
+
+def cold_start_of(model: ModelView, policy: Policy) -> ColdStart:
+    """The model's measured cold start, else the cluster's default (R11)."""
+    return model.cold_start if model.cold_start is not None else ColdStart(policy.default_cold_start_s)
+
+
+def warm_ahead(model: ModelView, policy: Policy, now: datetime) -> ModelView:
+    """``model`` with what warm-before-demand makes of it at ``now`` (docs/architecture.md,
+    R11; the rules are ``fleet.planning.warmth``'s): ``ahead``, an upcoming window's floor
+    brought forward by its lead; and its ``predicted`` run of likely hours kept only while
+    the cluster predicts at all (an on-demand model, not external, predictive warmth on).
+    The same model when nothing changes. Every pass starts with it
+    (:meth:`PlanningPass._warm_ahead`); other readers of the planner's rules (the simulator)
+    call it first too."""
+    ahead = None
+    if policy.prewarm_windows and model.next_window is not None and not model.external and not policy.stopped:
+        floor = model.window_min if model.window_min is not None else model.min_replicas
+        ceiling = model.window_max if model.window_max else model.max_replicas
+        ahead = window_ahead(model.next_window, floor, ceiling, model.max_replicas, cold_start_of(model, policy), now)
+    predicted = model.predicted
+    if predicted is not None and (not policy.predictive_warmth or not model.on_demand or model.external):
+        predicted = None
+    if ahead == model.ahead and predicted is model.predicted:
+        return model
+    return replace(model, ahead=ahead, predicted=predicted)
+
+
+def wanted_now(model: ModelView, policy: Policy, now: datetime) -> bool:
+    """An on-demand model asked for within its idle timeout (R6)."""
+    return model.wanted_at is not None and (now - model.wanted_at).total_seconds() <= idle_timeout_s(model, policy)
+
+
+def speculative(model: ModelView, policy: Policy, now: datetime) -> bool:
+    """Its one replica is wanted only because its arrival profile predicts a request
+    (``model.predicted``, filled by :func:`warm_ahead`): an on-demand model with no floor,
+    not asked for within its idle timeout. Such a replica is placed only on room nobody
+    else wants and is evicted first (docs/architecture.md, R11)."""
+    return (model.on_demand and not model.external and model.predicted is not None
+            and model.predicted.warm_from <= now <= model.predicted.until
+            and min_replicas_now(model) == 0 and not wanted_now(model, policy, now))
+
+
+def warm_evicted(model: ModelView) -> bool:
+    """A replica kept warm on its current prediction was evicted during this predicted run:
+    the room is wanted, so none is placed again until the next run (R11; else every pass
+    would place one and the next wanted model evict it, a cold start each time)."""
+    return (model.warm_evicted_at is not None and model.predicted is not None
+            and model.warm_evicted_at >= model.predicted.warm_from)
 
 
 def base_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
-    """Replicas a model runs without load: the window's min (else its own min); an
-    on-demand model with that at 0 runs one while wanted within its idle timeout."""
+    """Replicas a model runs without load: the window's min (else its own min; R11's
+    pre-warm may bring a window's forward); an on-demand model with that at 0 runs one while
+    wanted within its idle timeout, or while its arrival profile predicts a request
+    (:func:`speculative`)."""
     if model.external:
         return 0
     low = min_replicas_now(model)
     if not model.on_demand or low > 0:
         return low
-    if model.wanted_at is None:
-        return 0
-    if (now - model.wanted_at).total_seconds() > idle_timeout_s(model, policy):
-        return 0
-    return 1
+    if wanted_now(model, policy, now):
+        return 1
+    predicted = model.predicted
+    return 1 if predicted is not None and predicted.warm_from <= now <= predicted.until else 0
 
 
 def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     """Replicas wanted now: 0 when the cluster is stopped or the model external; else base
-    plus the load-scaling extra (docs/architecture.md, R7), capped at max(window max or model
-    max, base)."""
+    plus the load-scaling extra (docs/architecture.md, R7), capped at max(its ceiling now,
+    base)."""
     if policy.stopped or model.external:
         return 0
     base = base_replicas(model, policy, now)
     if base == 0:
         return 0
-    ceiling = model.window_max if model.window_max else model.max_replicas
-    return min(base + model.extra_replicas, max(ceiling, base))
+    return min(base + model.extra_replicas, max(ceiling_now(model), base))
+
+
+def scaling_state(model: ModelView) -> ScalingState:
+    """The load-scaling memory a model's view carries (R7)."""
+    return ScalingState(model.extra_replicas, model.busy_since, model.quiet_since, model.observed_per_replica,
+                        model.crowded_since, model.trend)
 
 
 def backoff_wait_s(failures: int, base_s: float, cap_s: float) -> float:
@@ -178,7 +244,8 @@ class PlanningPass(TransitionRules):
     """
 
     __slots__ = ("snapshot", "now", "policy", "plan", "agents", "states", "silent", "stalled", "unusable",
-                 "returning", "rooms", "by_model", "steps", "models", "desired", "forgotten", "claimed")
+                 "returning", "rooms", "by_model", "steps", "models", "desired", "forgotten", "claimed",
+                 "warm_evicted")
 
     #: The input; after :meth:`_scale_by_load` its models carry this pass's load-scaling extra.
     snapshot: Snapshot
@@ -211,6 +278,8 @@ class PlanningPass(TransitionRules):
     forgotten: set[int]
     #: Draining or stopping replicas some model already waits for, so no other waits for them.
     claimed: set[int]
+    #: Models whose replica kept warm on a prediction this pass evicted (R11).
+    warm_evicted: set[int]
 
     def __init__(self, snapshot: Snapshot, now: datetime) -> None:
         self.snapshot = snapshot
@@ -232,17 +301,20 @@ class PlanningPass(TransitionRules):
         self.desired = {}
         self.forgotten = set()
         self.claimed = set()
+        self.warm_evicted = set()
 
     def run(self) -> Plan:
         """The pass, whole (docs/architecture.md, R1): a pure function of the snapshot and
         ``now``, no I/O; the shell applies the plan and stores the explanations.
 
-        Order (it fixes the order of the actions): agents that went silent lose their
+        Order (it fixes the order of the actions): warm-ahead terms at this instant (R11);
+        agents that went silent lose their
         replicas; agents are filtered and their free room counted; placements never taken
         up fail; drained replicas stop; load scaling moves each model's extra; replicas of
         deleted models drain or stop; then each model in :meth:`_planning_order`; then the
         counts and crash-loop explanations.
         """
+        self._warm_ahead()
         self._lose_silent_agents()
         self._filter_agents()
         self._find_returning()
@@ -256,6 +328,16 @@ class PlanningPass(TransitionRules):
             self._plan_model(m)
         self._count_outcomes()
         return self.plan
+
+    # R11 -------------------------------------------------------------------------------------
+
+    def _warm_ahead(self) -> None:
+        """Each model with this instant's warm-ahead terms (:func:`warm_ahead`: a window's
+        floor brought forward, a predicted request): every later rule reads them."""
+        policy, now = self.policy, self.now
+        models = tuple(warm_ahead(m, policy, now) for m in self.snapshot.models)
+        self.snapshot = replace(self.snapshot, models=models)
+        self.models = {m.id: m for m in models}
 
     # R9 --------------------------------------------------------------------------------------
 
@@ -416,7 +498,15 @@ class PlanningPass(TransitionRules):
         placed_here: dict[int, int] = defaultdict(int)
         placed = 0
         for _ in range(missing):
+            if speculative(m, self.policy, self.now) and warm_evicted(m):
+                outcome.reason = "not kept warm ahead again: its replica was evicted for a wanted model in this run"
+                break
             fits, reasons = self._candidate_rooms(m, active, placed_here)
+            if not fits and speculative(m, self.policy, self.now):
+                # A prediction takes only room nobody wants (R11): no wait, no eviction, and
+                # nobody is told it is unservable — nobody asked.
+                outcome.reason = f"not kept warm ahead: no free room ({_group_reasons(reasons, 3)})"
+                break
             if not fits:
                 waiting_for = self._room_being_freed(m)
                 if waiting_for:
@@ -424,7 +514,9 @@ class PlanningPass(TransitionRules):
                     # rather than evict more, and do not tell held requests it is hopeless.
                     outcome.reason = f"waiting for {waiting_for} to stop, then placing {m.name}"
                     break
-                evicted = self._make_room(m) if m.on_demand else None
+                # Room kept warm on a prediction yields to any model (R11); an on-demand
+                # model may also take idle replicas of other on-demand models (R5).
+                evicted = self._make_room(m, others_idle=m.on_demand)
                 if evicted:
                     outcome.reason = evicted
                 else:
@@ -524,15 +616,18 @@ class PlanningPass(TransitionRules):
                 return f"{n} replica{'s' if n > 1 else ''} on {room.agent.name}"
         return None
 
-    def _make_room(self, m: ModelView) -> str | None:
-        """Evict idle replicas of other on-demand models so ``m`` fits; the reason, or None
-        (docs/architecture.md, R5).
+    def _make_room(self, m: ModelView, others_idle: bool = True) -> str | None:
+        """Evict replicas of other on-demand models so ``m`` fits; the reason, or None
+        (docs/architecture.md, R5, R11).
 
-        Only ready replicas known idle (R6: never told is not idle) for
+        Replicas kept warm only on a prediction go first, for any model (R11): ready ones
+        with nothing in flight, and ones still coming up (nothing routes to them yet),
+        however recently used. Then, if ``others_idle`` (``m`` is on demand, R5), only ready
+        replicas known idle (R6: never told is not idle) for
         ``min_idle_before_eviction_s`` with nothing in flight, of on-demand models kept at or
         above their min, least recently used first, on one agent. The evicted replicas drain
-        (R8); ``m`` is placed on a later pass once they have stopped. A model that loses its
-        last replica so has its demand forgotten and 0 wanted.
+        (R8), or stop if not ready yet; ``m`` is placed on a later pass once they have
+        stopped. A model that loses its last replica so has its demand forgotten and 0 wanted.
         """
         assert m.profile is not None
         policy, now, states, models = self.policy, self.now, self.states, self.models
@@ -541,21 +636,25 @@ class PlanningPass(TransitionRules):
         candidates = []
         for r in self.snapshot.replicas:
             other = models.get(r.model_id)
-            if other is None or other.id == m.id or not other.on_demand:
+            if other is None or other.id == m.id or not other.on_demand or self.unusable.get(r.agent_id):
                 continue
-            if states[r.id] != S.READY or self.unusable.get(r.agent_id):
+            if speculative(other, policy, now):
+                if (states[r.id] == S.READY and r.in_flight == 0) or states[r.id] in COMING_UP:
+                    candidates.append((0, 0.0, r.id, r, None))
+                continue
+            if not others_idle or states[r.id] != S.READY:
                 continue
             if r.last_used_at is None or r.in_flight != 0:
                 continue  # unknown idleness or busy: never evicted
             idle = (now - r.last_used_at).total_seconds()
             if idle < policy.min_idle_before_eviction_s:
                 continue
-            candidates.append((r.last_used_at, r.id, r, idle))
-        candidates.sort(key=lambda c: (c[0], c[1]))
+            candidates.append((1, r.last_used_at.timestamp(), r.id, r, idle))
+        candidates.sort(key=lambda c: c[:3])
 
         trial = {aid: replace(room, free_gpus=dict(room.free_gpus)) for aid, room in self.rooms.items()}
-        chosen: dict[int, list[tuple[ReplicaView, float]]] = defaultdict(list)
-        for _, _, r, idle in candidates:
+        chosen: dict[int, list[tuple[ReplicaView, float | None]]] = defaultdict(list)
+        for _, _, _, r, idle in candidates:
             if left[r.model_id] - 1 < min_replicas_now(models[r.model_id]):
                 continue
             left[r.model_id] -= 1
@@ -566,16 +665,21 @@ class PlanningPass(TransitionRules):
                 return self._evict(m, chosen[r.agent_id])
         return None
 
-    def _evict(self, m: ModelView, victims: list[tuple[ReplicaView, float]]) -> str:
-        """Drain ``victims`` (replica, seconds idle) to place ``m``; the joined reasons
-        (docs/architecture.md, R5, R8)."""
+    def _evict(self, m: ModelView, victims: list[tuple[ReplicaView, float | None]]) -> str:
+        """Drain ``victims`` (replica, seconds idle; None: kept warm on a prediction, R11)
+        to place ``m`` — stop those not ready yet; the joined reasons (docs/architecture.md,
+        R5, R8)."""
         states, by_model = self.states, self.by_model
         names = []
         for victim, victim_idle in victims:
             victim_model = self.models[victim.model_id]
-            text = f"evicted {victim_model.name}, idle {_fmt_s(victim_idle)}, to place {m.name}"
-            self.plan.actions.append(Move(victim.id, S.DRAINING, text, MoveCause.EVICTION))
-            states[victim.id] = S.DRAINING
+            why = "kept warm ahead, not asked for" if victim_idle is None else f"idle {_fmt_s(victim_idle)}"
+            text = f"evicted {victim_model.name}, {why}, to place {m.name}"
+            to = S.DRAINING if states[victim.id] == S.READY else S.STOPPING
+            self.plan.actions.append(Move(victim.id, to, text, MoveCause.EVICTION))
+            states[victim.id] = to
+            if victim_idle is None:
+                self.warm_evicted.add(victim_model.id)
             remaining = [x for x in by_model[victim.model_id] if states[x.id] in COUNTS_TOWARDS_DESIRED]
             if not remaining:
                 self.forgotten.add(victim_model.id)
@@ -583,13 +687,30 @@ class PlanningPass(TransitionRules):
             names.append(text)
         return "; ".join(names) + " (placing once they stop)"
 
+    def _explain_warm_ahead(self, m: ModelView, outcome: ModelOutcome) -> None:
+        """Say what warm-before-demand did for ``m`` at this pass (R11): a window's floor
+        brought forward, or a replica kept warm on a prediction (``outcome.speculative``)."""
+        if self.policy.stopped or m.external:
+            return
+        if m.ahead is not None and (m.window_min if m.window_min is not None else m.min_replicas) < m.ahead.min_replicas:
+            outcome.warm_ahead = m.ahead.words
+        elif speculative(m, self.policy, self.now):
+            outcome.speculative = True
+            assert m.predicted is not None
+            outcome.warm_ahead = f"kept warm: {m.predicted.words}"
+
     # R6 --------------------------------------------------------------------------------------
 
     def _end_idle_demand(self, m: ModelView, outcome: ModelOutcome) -> None:
         """An on-demand model with no floor, not wanted within its idle timeout (counted
         from its last request or use: ``wanted_at`` moves forward by use), has its demand
-        forgotten and is scaled to zero (docs/architecture.md, R6)."""
-        if self.policy.stopped or not m.on_demand or m.wanted_at is None:
+        forgotten and is scaled to zero (docs/architecture.md, R6). One kept warm on a
+        prediction that no longer holds, never asked for, is scaled to zero too (R11)."""
+        if self.policy.stopped or not m.on_demand:
+            return
+        if m.wanted_at is None:
+            if m.min_replicas == 0 and base_replicas(m, self.policy, self.now) == 0 and self._active(m.id):
+                outcome.reason = "not asked for, and no request expected now: scaled to zero"
             return
         if base_replicas(m, self.policy, self.now) == 0:
             outcome.forget_demand = True
@@ -608,12 +729,9 @@ class PlanningPass(TransitionRules):
         scaled_models = []
         for m in self.snapshot.models:
             base = base_replicas(m, policy, now) if not policy.stopped else 0
-            ceiling = m.window_max if m.window_max else m.max_replicas
             starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
-            step = evaluate(base, ceiling, m.load, m.measured_per_replica, starting,
-                            ScalingState(m.extra_replicas, m.busy_since, m.quiet_since, m.observed_per_replica,
-                                         m.crowded_since),
-                            now, policy.scaling)
+            step = evaluate(base, ceiling_now(m), m.load, m.measured_per_replica, starting, scaling_state(m),
+                            now, policy.scaling, cold_start_of(m, policy).estimate_s)
             self.steps[m.id] = step
             extra = step.state.extra
             scaled_models.append(m if extra == m.extra_replicas else replace(m, extra_replicas=extra))
@@ -660,7 +778,8 @@ class PlanningPass(TransitionRules):
         drain (stop routing, stop after in flight ends), others stop; the cause is the
         stopped cluster, idleness or plain surplus (docs/architecture.md, R8, R7)."""
         cause = (MoveCause.CLUSTER_STOPPED if self.policy.stopped
-                 else MoveCause.IDLE if outcome.forget_demand else MoveCause.SURPLUS)
+                 else MoveCause.IDLE if outcome.forget_demand or (m.on_demand and self.desired[m.id] == 0)
+                 else MoveCause.SURPLUS)
         states = self.states
         for r in _surplus(active, count):
             why = outcome.reason or f"surplus: {len(active)} running, {self.desired[m.id]} wanted"
@@ -680,8 +799,9 @@ class PlanningPass(TransitionRules):
 
     def _planning_order(self, m: ModelView) -> tuple:
         """Sort key: models with a floor first, then on-demand ones by when they were wanted
-        (longest waiting first), then by name — who gets scarce room first."""
-        return (m.on_demand, m.wanted_at or self.now, m.name)
+        (longest waiting first), then those kept warm only on a prediction (R11: room goes
+        to demand first), then by name — who gets scarce room first."""
+        return (m.on_demand, speculative(m, self.policy, self.now), m.wanted_at or self.now, m.name)
 
     def _active(self, model_id: int) -> list[ReplicaView]:
         """The model's replicas that count towards desired, in their states so far."""
@@ -699,6 +819,7 @@ class PlanningPass(TransitionRules):
         outcome = ModelOutcome(desired=desired, scaling=step.state,
                                scaled=(step.from_replicas, step.to_replicas, step.why) if step.moved else None)
         self.plan.models[m.id] = outcome
+        self._explain_warm_ahead(m, outcome)
         if m.external:
             outcome.reason = "external: served at its base URL, nothing to place"
             return
@@ -731,6 +852,8 @@ class PlanningPass(TransitionRules):
             outcome.reason = f"{desired} wanted, all placed"
         if not outcome.reason and desired == 0:
             outcome.reason = "not wanted: 0 replicas" if not m.on_demand else "on demand: cold until asked for"
+        if outcome.warm_ahead and outcome.warm_ahead not in outcome.reason:
+            outcome.reason = f"{outcome.reason} ({outcome.warm_ahead})"
 
     def _count_outcomes(self) -> None:
         """Each model's active and ready counts after the pass (placements counted as
@@ -744,6 +867,7 @@ class PlanningPass(TransitionRules):
             if m.id in self.forgotten:
                 outcome.forget_demand = True
                 outcome.desired = self.desired[m.id]
+            outcome.warm_evicted = m.id in self.warm_evicted
             reps = self.by_model[m.id]
             outcome.active = sum(1 for r in reps if states[r.id] in COUNTS_TOWARDS_DESIRED) + placed[m.id]
             outcome.ready = sum(1 for r in reps if states[r.id] == S.READY)
