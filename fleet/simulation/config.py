@@ -36,3 +36,10 @@ class SimConfig:
     oscillation_window_s: float = 300.0
     #: Also plan every pass on the full snapshot and assert the same actions (slow; tests).
     check_pruning: bool = False
+    #: Warm before demand (issue 18; docs/architecture.md, R11), each rule on its own:
+    #: schedule windows placed ahead by the cold start, on-demand models kept warm on their
+    #: learned arrival profiles, load scaling ahead of a rising load. All off is llmgw as it
+    #: was before (the referee's "llmgw, reactive").
+    prewarm_windows: bool = True
+    predictive_warmth: bool = True
+    ramp_scaling: bool = True

@@ -57,10 +57,12 @@ from collections import deque
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from catalog.schedules import active_window, window_interval
-from fleet.planning import planner
+import numpy as np
+
+from catalog.schedules import active_window, describe, window_interval
+from fleet.planning import planner, warmth
 from fleet.planning.routing import RecentRoutes, RouteKeys, choose
-from fleet.planning.scaling import Load, ScalingPolicy, ScalingState, evaluate
+from fleet.planning.scaling import TREND_STEP_S, Load, ScalingPolicy, ScalingState, evaluate, ramp_applies
 from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
 from fleet.simulation.config import SimConfig
 from fleet.simulation.loads import POLL, LoadReports
@@ -72,6 +74,8 @@ S = ReplicaState
 INF = float("inf")
 FOREVER = datetime.max.replace(tzinfo=UTC)
 _ACK, _READY, _STOPPED = 0, 1, 2
+#: A model's predicted warm span may have moved (control events of kind ``_WARMTH`` carry a model).
+_WARMTH = 9
 
 
 class _Rep:
@@ -137,9 +141,22 @@ class _Model:
         self.quiet_since: datetime | None = None
         self.observed: int | None = None
         self.crowded_since: datetime | None = None
+        self.trend = None
         self.unservable = False
         self.window_min: int | None = None
         self.window_max: int | None = None
+        #: Warm before demand (R11): the next window to start, the arrival profile, the
+        #: epoch hour of the last request it has seen, and the prediction in force with the
+        #: simulated second until which it holds.
+        self.next_window: warmth.UpcomingWindow | None = None
+        self.arrivals = warmth.ArrivalProfile()
+        self.asked_hour: int | None = None
+        self.predicted: warmth.Prediction | None = None
+        self.predicted_until_s = -INF
+        self.warm_evicted_dt: datetime | None = None
+        #: Its replicas' cold start as the planner knows it: the spec's, as measured on the
+        #: days before the trace (a cluster that has been running; cf. ``warm_start``).
+        self.cold_start = warmth.ColdStart(spec.cold_start_s, warmth.RECENT_STARTS)
         self.view: planner.ModelView | None = None
         self.view_key: tuple | None = None
         #: The view and counts a pass last found quiet, and until when that holds.
@@ -177,10 +194,14 @@ class Simulator:
     raw results (see :mod:`fleet.simulation.report` for the report built from them)."""
 
     def __init__(self, catalog: Catalog, fleet: tuple[AgentSpec, ...], trace: Trace,
-                 config: SimConfig = SimConfig(), label: str = "llmgw") -> None:
+                 config: SimConfig = SimConfig(), label: str = "llmgw", history: Trace | None = None,
+                 controller=None) -> None:
         if not fleet:
             raise ValueError("the simulation needs a fleet (at least one agent)")
         self.catalog = catalog
+        #: A peer's policy deciding instead of llmgw's planner (``fleet.simulation.peers``):
+        #: its ``plan`` runs every pass, without the shortcuts, which are llmgw's rules.
+        self.controller = controller
         self.fleet = fleet
         self.trace = trace
         self.config = config
@@ -188,13 +209,19 @@ class Simulator:
         cluster = catalog.cluster
         self.tz = cluster.time_zone
         self.start: datetime = trace.start
+        self.start_ts = trace.start.timestamp()
         self.policy = planner.Policy(
             default_idle_timeout_s=cluster.default_idle_timeout_s,
             min_idle_before_eviction_s=cluster.min_idle_before_eviction_s,
             drain_grace_s=cluster.drain_grace_s,
             agent_lost_after_s=cluster.agent_lost_after_s,
-            scaling=ScalingPolicy(cluster.scale_up_waiting, cluster.scale_up_after_s, cluster.scale_down_after_s),
+            scaling=ScalingPolicy(cluster.scale_up_waiting, cluster.scale_up_after_s, cluster.scale_down_after_s,
+                                  ramp=config.ramp_scaling),
+            time_zone=cluster.time_zone,
+            prewarm_windows=config.prewarm_windows,
+            predictive_warmth=config.predictive_warmth,
         )
+        self.zone = ZoneInfo(cluster.time_zone)
         self.cold_start_timeout_s = cluster.cold_start_timeout_s
         self.models = [_Model(i, spec) for i, spec in enumerate(catalog.models)]
         self.by_id = {m.id: m for m in self.models}
@@ -234,6 +261,8 @@ class Simulator:
         self.events: list[dict] = []  # evictions and idle stops, in order
         self.loads = LoadReports(self)
         self._prepare_windows()
+        if config.predictive_warmth:
+            self._learn_history(history)
 
     # --- Clock ----------------------------------------------------------------------------
 
@@ -242,25 +271,33 @@ class Simulator:
         return self.start + timedelta(seconds=t)
 
     def _prepare_windows(self) -> None:
-        """Every instant a window opens or closes over the simulated span (and 0 s), so a
-        pass asks ``active_window`` only for the models whose answer may have changed."""
+        """Every instant a window opens or closes over the simulated span (and 0 s), and —
+        with pre-warm — every instant a window's lead begins, so a pass asks
+        ``active_window`` only for the models whose answer may have changed; and each
+        model's window starts in order, for its ``next_window``."""
         zone = ZoneInfo(self.tz)
         first = self.start.astimezone(zone).date() - timedelta(days=1)
-        last = self.at(self.end).astimezone(zone).date() + timedelta(days=1)
+        last = self.at(self.end).astimezone(zone).date() + timedelta(days=2)
         edges: set[tuple[float, int]] = set()
+        self.window_starts: dict[int, list[tuple[float, warmth.UpcomingWindow]]] = {}
         for m in self.models:
             if not m.spec.windows:
                 continue
             edges.add((0.0, m.index))
+            lead = warmth.lead_s(m.cold_start)
+            starts = []
             day = first
             while day <= last:
                 for w in m.spec.windows:
                     if day.weekday() in w.weekdays:
-                        for edge in window_interval(w, day, zone):
-                            at = (edge - self.start).total_seconds()
-                            if at > 0:
-                                edges.add((at, m.index))
+                        opens, closes = window_interval(w, day, zone)
+                        at = (opens - self.start).total_seconds()
+                        starts.append((at, warmth.UpcomingWindow(opens, w.min_replicas, w.max_replicas, describe(w))))
+                        for edge in (at, (closes - self.start).total_seconds(), at - lead):
+                            if edge > 0:
+                                edges.add((edge, m.index))
                 day += timedelta(days=1)
+            self.window_starts[m.index] = sorted(starts, key=lambda x: x[0])
         self.window_edges = sorted(edges)
         self.edge_i = 0
 
@@ -272,7 +309,70 @@ class Simulator:
             w = active_window(m.spec.windows, now, self.tz)
             m.window_min = w.min_replicas if w else None
             m.window_max = w.max_replicas if w else None
+            m.next_window = next((up for at, up in self.window_starts[m.index] if at > t), None)
             self.hot.add(m)
+
+    # --- Warm before demand: arrival profiles and predictions ------------------------------
+
+    def _learn_history(self, history: Trace | None) -> None:
+        """Arrival profiles of the on-demand models from ``history`` (requests before the
+        trace's start: the weeks a running cluster has seen), then a prediction event for
+        every model with a profile, at 0 s."""
+        if history is not None and len(history):
+            by_name = {m.spec.name: m for m in self.models if m.spec.on_demand}
+            hours = np.floor((history.t_s + history.start.timestamp()) / 3600).astype(np.int64)
+            keys = np.unique(hours * 100_000 + history.model.astype(np.int64))
+            asked: dict[int, list[datetime]] = {}
+            for key in keys.tolist():
+                name = history.names[key % 100_000]
+                if name in by_name:
+                    asked.setdefault(by_name[name].index, []).append(
+                        datetime.fromtimestamp((key // 100_000) * 3600, UTC))
+            for index, when in asked.items():
+                self.models[index].arrivals = warmth.learn(warmth.ArrivalProfile(), when, self.start, self.zone)
+        for m in self.models:
+            if m.spec.on_demand:
+                heapq.heappush(self.control, (0.0, next(self._seq), _WARMTH, m))
+
+    def _asked(self, m: _Model, t: float) -> None:
+        """A request for on-demand ``m`` arrived at ``t``: its profile sees the hour
+        (``fleet.control.reconciler`` observes it at every pass; here once an hour is enough)."""
+        hour = math.floor((self.start_ts + t) / 3600)
+        if hour != m.asked_hour:
+            m.asked_hour = hour
+            at = self.at(t)
+            before = m.arrivals
+            m.arrivals = warmth.observe(before, at, at, self.zone)
+            if m.arrivals.seen != before.seen or m.arrivals.asked != before.asked:
+                m.predicted_until_s = -INF  # hours closed: predict afresh at the next look
+                heapq.heappush(self.control, (t, next(self._seq), _WARMTH, m))
+
+    def _predict(self, m: _Model, t: float) -> None:
+        """Recompute ``m``'s prediction if it may have moved (an hour boundary of its
+        look-ahead or look-back passed, or its profile changed) and schedule the next look;
+        a changed one puts the model in the next pass."""
+        if t < m.predicted_until_s:
+            return
+        now = self.at(t)
+        lead = warmth.lead_s(m.cold_start)
+        idle = m.spec.idle_timeout_s or self.policy.default_idle_timeout_s
+        profile = warmth.observe(m.arrivals, now, None, self.zone)
+        m.arrivals = profile
+        predicted = warmth.predict(profile, now, self.zone, lead, idle)
+        if predicted != m.predicted:
+            m.predicted = predicted
+            self.hot.add(m)
+        base = self.start_ts + t
+        ahead = (math.floor((base + lead) / 3600) + 1) * 3600 - lead
+        behind = (math.floor((base - idle) / 3600) + 1) * 3600 + idle
+        until = min(ahead, behind) - self.start_ts
+        if predicted is not None:
+            for edge in (predicted.warm_from, predicted.until):
+                at = (edge - self.start).total_seconds()
+                if at > t:
+                    until = min(until, at)
+        m.predicted_until_s = until
+        heapq.heappush(self.control, (until, next(self._seq), _WARMTH, m))
 
     # --- The loop -------------------------------------------------------------------------
 
@@ -296,6 +396,7 @@ class Simulator:
         heappush, heappop = heapq.heappush, heapq.heappop
         seq = self._seq
         self.loads.start()
+        cfg_predict = self.config.predictive_warmth
         i = 0
         while True:
             ta = ts[i] if i < n else INF
@@ -327,7 +428,10 @@ class Simulator:
                 if tk > end:
                     break
                 t, _, kind, r = heappop(control)
-                if kind >= POLL:
+                if kind == _WARMTH:
+                    if r.predicted_until_s <= t:
+                        self._predict(r, t)
+                elif kind >= POLL:
                     self.loads.on_event(kind, t)
                 elif kind == _READY:
                     self._ready(t, r)
@@ -351,6 +455,8 @@ class Simulator:
                     self.unknown_model += 1
                     continue
                 m.requests += 1
+                if m.spec.on_demand and cfg_predict:
+                    self._asked(m, ta)
                 ttft_s = m.ttft_base_s + p * m.prefill_s
                 dur = ttft_s + o * m.tpot_s
                 if m.ready:
@@ -367,6 +473,12 @@ class Simulator:
         with the fewest in flight (ties: the first), else by the model's policy
         (``routing.choose``, ties rotating per model as the gateway's do), with its prefix
         cache consulted and updated (module docstring)."""
+        if m.wanted_s is None and m.spec.on_demand:
+            # fleet.control.usage.keep_demand_alive: use of a ready replica of an on-demand
+            # model nobody wanted (kept warm on a prediction, or just done with) wants it
+            # again — at once here, within a usage flush there.
+            m.wanted_s, m.wanted_dt = t, None
+            self.hot.add(m)
         ready = m.ready
         r = ready[0]
         if prefix is None:
@@ -496,16 +608,16 @@ class Simulator:
         included = self._included(t)
         self.passes += 1
         self.pass_models += len(included)
-        if self._quiet(included, now):
+        if self.controller is None and self._quiet(included, now):
             self.quiet_passes += 1
             if cfg.check_pruning:
                 self._check(t, now, None, included)
             return
         snapshot = self._snapshot(t, now, included)
         began = wallclock.perf_counter()
-        result = planner.plan(snapshot, now)
+        result = planner.plan(snapshot, now) if self.controller is None else self.controller.plan(snapshot, now)
         self.plan_wall_s += wallclock.perf_counter() - began
-        if cfg.check_pruning:
+        if cfg.check_pruning and self.controller is None:
             self._check(t, now, result, included)
         self._apply(result, t, now, included)
 
@@ -529,24 +641,33 @@ class Simulator:
                     used = t if r.in_flight else r.last_used
                     if used is not None and used > m.wanted_s:
                         m.wanted_s, m.wanted_dt = used, None
-            (cold if self._leave_out(m) else out).append(m)
+            if self.controller is not None:
+                left = self.controller.leave_out(m.spec, len(m.reps), m.wanted_s is not None, bool(m.held))
+            else:
+                left = self._leave_out(m, t)
+            (cold if left else out).append(m)
         for m in cold:
             self.hot.discard(m)
         out.sort(key=lambda m: m.index)
         return out
 
-    def _leave_out(self, m: _Model) -> bool:
+    def _leave_out(self, m: _Model, t: float) -> bool:
         """True when ``plan()`` provably decides nothing for ``m`` (module docstring): no
-        demand, nothing held, default scaling memory, and either cold (nothing active, a
-        floor of 0) or fixed-size with all its replicas (not on demand, max ≤ min)."""
+        demand, nothing held, no prediction, default scaling memory, and either cold
+        (nothing active, a floor of 0) or fixed-size with all its replicas (not on demand,
+        max ≤ min) — floor and max as pre-warm makes them now (``planner.warm_ahead``)."""
         if (m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None
-                or m.crowded_since is not None or m.unservable):
+                or m.crowded_since is not None or m.unservable or m.trend is not None or m.predicted is not None):
             return False
-        low = m.window_min if m.window_min is not None else m.spec.min_replicas
+        if m.next_window is not None and self.policy.prewarm_windows:
+            view = planner.warm_ahead(self._model_view(m), self.policy, self.at(t))
+            low, ceiling = planner.min_replicas_now(view), planner.ceiling_now(view)
+        else:
+            low = m.window_min if m.window_min is not None else m.spec.min_replicas
+            ceiling = m.window_max if m.window_max else m.spec.max_replicas
         if m.active == 0 and low == 0:
             return True
         if not m.spec.on_demand:
-            ceiling = m.window_max if m.window_max else m.spec.max_replicas
             return ceiling <= low and m.active == low
         return False
 
@@ -565,16 +686,15 @@ class Simulator:
         for m in included:
             if m.unservable:
                 return False
-            view = self._model_view(m)
+            view = planner.warm_ahead(self._model_view(m), policy, now)
             if m.quiet_view is view and m.quiet_counts == (m.coming_up, m.active) and now < m.quiet_until:
                 continue  # nothing it depends on moved, and none of its timers is due
             base = planner.base_replicas(view, policy, now)
             if view.on_demand and view.wanted_at is not None and base == 0 and planner.min_replicas_now(view) == 0:
                 return False
-            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since)
-            ceiling = view.window_max if view.window_max else view.max_replicas
-            step = evaluate(base, ceiling, view.load, view.measured_per_replica, m.coming_up > 0, state, now,
-                            policy.scaling)
+            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since, m.trend)
+            step = evaluate(base, planner.ceiling_now(view), view.load, view.measured_per_replica, m.coming_up > 0,
+                            state, now, policy.scaling, m.cold_start.estimate_s)
             if step.moved or step.state != state:
                 return False
             if planner.desired_replicas(view, policy, now) != m.active:
@@ -596,6 +716,16 @@ class Simulator:
             due.append(view.quiet_since + timedelta(seconds=policy.scaling.scale_down_after_s))
         if view.crowded_since is not None:
             due.append(view.crowded_since + timedelta(seconds=policy.scaling.scale_up_after_s))
+        if view.next_window is not None and policy.prewarm_windows:
+            due.append(view.next_window.starts_at)
+            due.append(view.next_window.starts_at - timedelta(seconds=warmth.lead_s(planner.cold_start_of(view, policy))))
+        if view.predicted is not None:
+            due += [view.predicted.warm_from, view.predicted.until]
+        trend = view.trend
+        if trend is not None and ramp_applies(planner.cold_start_of(view, policy).estimate_s, policy.scaling):
+            due.append(trend.at + timedelta(seconds=TREND_STEP_S))
+            if trend.rising_since is not None:
+                due.append(trend.rising_since + timedelta(seconds=policy.scaling.scale_up_after_s))
         return min((d for d in due if d > now), default=FOREVER)
 
     def _load(self, m: _Model) -> tuple[int, int | None, int | None] | None:
@@ -608,8 +738,9 @@ class Simulator:
         if m.wanted_s is not None and m.wanted_dt is None:
             m.wanted_dt = self.at(m.wanted_s)
         load = self._load(m)
+        predicted = m.predicted if self.policy.predictive_warmth else None
         key = (m.wanted_dt, m.window_min, m.window_max, m.extra, m.busy_since, m.quiet_since, m.observed,
-               m.crowded_since, load)
+               m.crowded_since, load, m.trend, m.next_window, predicted, m.warm_evicted_dt)
         if key != m.view_key:
             spec = m.spec
             m.view = planner.ModelView(
@@ -619,6 +750,8 @@ class Simulator:
                 extra_replicas=m.extra, busy_since=m.busy_since, quiet_since=m.quiet_since,
                 observed_per_replica=m.observed, crowded_since=m.crowded_since, load=Load(*load) if load else None,
                 measured_per_replica=spec.latency.slots if spec.latency.measured else None,
+                trend=m.trend, cold_start=m.cold_start, next_window=m.next_window, predicted=predicted,
+                warm_evicted_at=m.warm_evicted_dt,
             )
             m.view_key = key
         return m.view
@@ -677,7 +810,8 @@ class Simulator:
                         b.desired, b.unservable, b.forget_demand, b.scaling, b.scaled):
                     raise AssertionError(f"at {t:.3f} s {m.spec.name}: shortcut {a} != full {b}")
             elif (b.scaled or b.forget_demand or b.unservable != m.unservable or b.desired != m.active
-                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since)):
+                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since,
+                                               m.trend)):
                 raise AssertionError(f"at {t:.3f} s the full pass changed {m.spec.name}, which the shortcut "
                                      f"left alone: {b}")
 
@@ -713,7 +847,10 @@ class Simulator:
             m.quiet_since = outcome.scaling.quiet_since
             m.observed = outcome.scaling.observed_per_replica
             m.crowded_since = outcome.scaling.crowded_since
+            m.trend = outcome.scaling.trend
             m.unservable = outcome.unservable
+            if outcome.warm_evicted:
+                m.warm_evicted_dt = now
             if outcome.forget_demand:
                 m.wanted_s = m.wanted_dt = None
             if outcome.scaled is not None:

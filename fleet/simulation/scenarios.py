@@ -14,7 +14,7 @@ shared-prefixes`` runs it with prefix-affinity.
 
 from __future__ import annotations
 
-from datetime import time
+from datetime import time, timedelta
 
 import numpy as np
 
@@ -80,6 +80,37 @@ def diurnal_long_tail(models: int = 200, requests: int = 1_000_000, seed: int = 
         f"diurnal long-tail day: {requests:,} requests, {models} models ({head} head, {team} team, "
         f"{tail} long tail), office hours 9–18 UTC"))
     return catalog, "8x8xH100-80G", trace
+
+
+def diurnal_long_tail_history(models: int = 200, requests: int = 1_000_000, seed: int = 1, weeks: int = 4,
+                              head: int = 10, team: int = 20) -> traces.Trace:
+    """The on-demand models' requests over the ``weeks`` weeks before :func:`diurnal_long_tail`'s
+    day — the same traffic shapes, drawn with other seeds — so a simulation can start from
+    arrival profiles a running cluster would have learned (issue 18: ``Simulator(history=)``;
+    predictive warmth knows nothing on a cluster's first day). Each weekday carries the
+    team models' share of ``requests``; weekends run at the night level, as in the day's
+    generator. Only the team and long-tail models appear (the head models are never on
+    demand); ``t_s`` counts from the history's own start, ``weeks`` × 7 days before the day.
+    """
+    if models < head + team + 1:
+        raise ValueError(f"the scenario needs more than {head + team} models")
+    day_start = traces.DEFAULT_START
+    start = day_start - timedelta(days=7 * weeks)
+    names = [f"team-{i + 1:02d}" for i in range(team)] + [f"tail-{i + 1:03d}" for i in range(models - head - team)]
+    weekday = traces.office_hours_rate(np.arange(0, 24, 1 / 60) + 1 / 120, np.zeros(1440), night=NIGHT).sum()
+    weekend = NIGHT * 1440
+    team_per_weekday = 0.12 * requests
+    parts = []
+    for day in range(7 * weeks):
+        begins = start + timedelta(days=day)
+        share = 1.0 if begins.weekday() < 5 else weekend / weekday
+        part = traces.diurnal(names[:team], int(round(team_per_weekday * share)), seed=seed + 1000 + day,
+                              weights=traces.zipf_weights(team, 1.0), night=NIGHT, start=begins)
+        parts.append(traces.Trace(part.t_s + day * 86400.0, part.model, part.names, part.prompt_tokens,
+                                  part.output_tokens, start, _sorted=True))
+    parts.append(traces.long_tail(names[team:], seed=seed + 2000, sessions_per_day=2.0, requests_per_session=4.0,
+                                  night=NIGHT, days=7.0 * weeks, start=start))
+    return traces.merge(*parts, description=f"the {weeks} weeks before the diurnal long-tail day (on-demand models)")
 
 
 def shared_prefixes(requests: int = 7200, seed: int = 1, tenants: int = 24, replicas: int = 4,

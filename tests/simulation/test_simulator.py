@@ -32,6 +32,8 @@ from fleet.simulation import (
     parse_fleet,
     peak_counts,
     plot,
+    Simulator,
+    build_report,
     read_catalog,
     simulate,
 )
@@ -267,10 +269,25 @@ def test_a_schedule_window_raises_the_floor_while_it_is_open():
     window = Window((0,), time(0, 10), time(0, 20), 3, None, 1)  # Mondays 00:10–00:20 UTC
     catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=3, windows=(window,), cold_start_s=30,
                                  latency=LatencyModel(**ONE_SECOND)),))
-    report = simulate(catalog, parse_fleet("1x4x80G"), traces.constant_rate("m", 0.1, 0, 1800),
-                      SimConfig(duration_s=1800, check_pruning=True))
+    trace = traces.constant_rate("m", 0.1, 0, 1800)
+    report = simulate(catalog, parse_fleet("1x4x80G"), trace,
+                      SimConfig(duration_s=1800, check_pruning=True, prewarm_windows=False))
 
     assert report.replica_timelines["m"] == [(0.0, 0), (0.0, 1), (600.0, 2), (600.0, 3), (1200.0, 2), (1200.0, 1)]
+
+
+def test_with_pre_warm_a_windows_replicas_are_placed_a_cold_start_and_margin_ahead_and_ready_at_its_start():
+    """R11: a 30 s cold start plus the 20 s minimum margin is a 50 s lead, so the window
+    opening at 600 s is placed at the first pass on the 3 s grid from 550 s, ready at 582 s;
+    it still closes at its end."""
+    window = Window((0,), time(0, 10), time(0, 20), 3, None, 1)
+    catalog = Catalog((ModelSpec("m", min_replicas=1, max_replicas=3, windows=(window,), cold_start_s=30,
+                                 latency=LatencyModel(**ONE_SECOND)),))
+    sim = Simulator(catalog, parse_fleet("1x4x80G"), traces.constant_rate("m", 0.1, 0, 1800),
+                    SimConfig(duration_s=1800, check_pruning=True))
+    report = build_report(sim.run())
+
+    assert report.replica_timelines["m"] == [(0.0, 0), (0.0, 1), (552.0, 2), (552.0, 3), (1200.0, 2), (1200.0, 1)]
 
 
 def test_the_shortcuts_agree_with_the_full_planner_on_a_crowded_mixed_fleet():
