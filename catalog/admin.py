@@ -228,6 +228,10 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
                      "model: its requests go to its base URL."}),
         ("Requests", {"fields": ("default_max_tokens", "endpoints", "context_length", "max_output_tokens",
                                  "weights_context_length", "limits")}),
+        ("Warm before demand", {"fields": ("cold_start", "warm_ahead"),
+                                "description": "Measured by the fleet; the cluster settings switch the rules. "
+                                "`llmgw explain` says more: the next window, the hours it is usually asked for, the "
+                                "load's trend."}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key",
                                                     "external_forward_org_headers"), "classes": ("collapse",)}),
     )
@@ -253,8 +257,23 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
     def external_api_key_state(self, obj: Model) -> str:
         return "set" if obj.external_api_key else "not set"
 
+    @admin.display(description="cold start")
+    def cold_start(self, obj: Model) -> str:
+        """The fleet's measured placement → ready time, as the last reconcile pass stored it."""
+        state = getattr(obj, "fleet_state", None)
+        if state is None or state.cold_start_s is None:
+            return "not measured yet (none of its replicas has become ready): the cluster's default cold start applies"
+        n = state.cold_start_samples
+        return f"about {state.cold_start_s:.0f} s (the 90th percentile of its last {n} start{'s' if n != 1 else ''})"
+
+    @admin.display(description="warm ahead now")
+    def warm_ahead(self, obj: Model) -> str:
+        state = getattr(obj, "fleet_state", None)
+        return (state.warm_ahead if state and state.warm_ahead else "nothing: it runs what its demand and schedule ask")
+
     def get_readonly_fields(self, request, obj=None):
-        fields = tuple(super().get_readonly_fields(request, obj)) + ("weights_context_length", "limits")
+        fields = tuple(super().get_readonly_fields(request, obj)) + ("weights_context_length", "limits",
+                                                                     "cold_start", "warm_ahead")
         if obj is not None and engine_code.is_code_weights(obj.weights) and not engine_code.allowed(request.user):
             fields += ("weights",)
         return fields

@@ -558,6 +558,19 @@ class ClusterSettings(models.Model):
         help_text="Usage records, scaling events and stopped or failed replicas older than "
         "this many days are deleted (checked hourly). 0: keep them forever.",
     )
+    # Warm before demand (docs/architecture.md, R11).
+    prewarm_windows = models.BooleanField(
+        default=True, help_text="Place a schedule window's replicas ahead of its start by their measured cold "
+        "start, so they are ready when it opens.")
+    predictive_warmth = models.BooleanField(
+        default=True, help_text="Keep an on-demand model warm ahead of the hours it is usually asked for "
+        "(learned from four weeks running), on free room only; such a replica is evicted first.")
+    ramp_scaling = models.BooleanField(
+        default=True, help_text="Scale a model whose cold start is long ahead of a rising load, not after "
+        "its queue forms.")
+    default_cold_start_s = models.PositiveIntegerField(
+        default=120, validators=[MinValueValidator(1), MaxValueValidator(86400)],
+        help_text="Placement to ready assumed for a model none of whose replicas has started yet.")
 
     class Meta:
         verbose_name = "cluster settings"

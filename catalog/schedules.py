@@ -108,6 +108,27 @@ def active_window(windows: list[Window] | tuple[Window, ...], now: datetime, tz_
     return max(found, key=lambda w: w.min_replicas) if found else None
 
 
+def next_start(windows: list[Window] | tuple[Window, ...], now: datetime, tz_name: str,
+               within: timedelta = timedelta(days=8)) -> tuple[datetime, Window] | None:
+    """The first instant after ``now`` (aware) at which one of ``windows`` starts, and that
+    window, looking no further than ``within``; None if none starts by then. The same
+    instants :func:`active_window` uses — a start in a skipped hour is the end of the gap,
+    in a repeated hour the first occurrence — so pre-warming ahead of it (issue 18) agrees
+    with the window's own edges."""
+    tz = ZoneInfo(tz_name)
+    today = now.astimezone(tz).date()
+    best: tuple[datetime, Window] | None = None
+    for offset in range(-1, within.days + 2):
+        day = today + timedelta(days=offset)
+        for window in windows:
+            if day.weekday() not in window.weekdays:
+                continue
+            start, _ = window_interval(window, day, tz)
+            if now < start <= now + within and (best is None or start < best[0]):
+                best = (start, window)
+    return best
+
+
 def _week_minutes(window: Window) -> list[tuple[int, int]]:
     """The window as [start, end) minute ranges of a week (Monday 00:00 = 0), wall clock."""
     s = window.start.hour * 60 + window.start.minute

@@ -15,7 +15,7 @@ from catalog.models import Model, Profile
 from llmgw import tokens
 from llmgw.process_name import this_process
 from fleet import groups
-from fleet.states import LIVE, NOT_STOPPED, ReplicaState, check_transition
+from fleet.states import COMING_UP, LIVE, NOT_STOPPED, ReplicaState, check_transition
 
 
 def engine_url(address: str, port: int | None) -> str:
@@ -243,6 +243,9 @@ class Replica(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
+    #: Placement → first ready, seconds: its cold start, measured once (docs/architecture.md,
+    #: R11); None until it is ready (and for a replica that never was).
+    cold_start_s = models.FloatField(null=True, blank=True)
     #: When the gateway last sent it a request; None = never told (not the same as idle).
     last_used_at = models.DateTimeField(null=True, blank=True)
     #: Fresh in-flight total from the gateways' reports; None = unknown.
@@ -299,6 +302,10 @@ class Replica(models.Model):
             values["state_changed_at"] = now
             if new == ReplicaState.READY:
                 values["ready_at"] = now
+                if old in COMING_UP and self.cold_start_s is None and self.created_at is not None:
+                    # Its first ready: placement to ready is its cold start (R11). Not after a
+                    # lost agent's return or a readiness blip: those are not starts.
+                    values["cold_start_s"] = round(max(0.0, (now - self.created_at).total_seconds()), 3)
         if not values:
             return True
         updated = Replica.objects.filter(pk=self.pk, state=old.value).update(**values)
@@ -327,6 +334,20 @@ class ModelState(models.Model):
     observed_per_replica = models.PositiveIntegerField(null=True, blank=True)
     #: Since when, with nothing waiting, fewer replicas would be too full (``fleet.planning.scaling``).
     crowded_since = models.DateTimeField(null=True, blank=True)
+    #: The requests in flight followed over time (``fleet.planning.scaling.Trend.as_json``).
+    trend = models.JSONField(null=True, blank=True)
+    #: Warm before demand (docs/architecture.md, R11): the hour-of-week profile of when it is
+    #: asked for (``fleet.planning.warmth.ArrivalProfile.as_json``); what the last pass kept
+    #: warm ahead of demand and why ("" for nothing); whether its one replica is kept on a
+    #: prediction alone; when such a replica was last evicted for a wanted model.
+    arrivals = models.JSONField(null=True, blank=True)
+    #: Its cold-start estimate at the last pass: seconds, and how many starts it is the p90
+    #: of (0: none measured, so ``cold_start_s`` is None and the cluster default applies).
+    cold_start_s = models.FloatField(null=True, blank=True)
+    cold_start_samples = models.PositiveIntegerField(default=0)
+    warm_ahead = models.TextField(blank=True, default="")
+    speculative = models.BooleanField(default=False)
+    warm_evicted_at = models.DateTimeField(null=True, blank=True)
 
     objects = ModelStateQuerySet.as_manager()
 

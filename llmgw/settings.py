@@ -311,6 +311,9 @@ LLMGW_BACKOFF_BASE_S = env_duration_s("BACKOFF_BASE", 5.0)
 LLMGW_BACKOFF_CAP_S = env_duration_s("BACKOFF_CAP", 300.0)
 #: A replica ready this long ends its model's crash loop (the backoff starts over).
 LLMGW_BACKOFF_RESET_AFTER_S = env_duration_s("BACKOFF_RESET_AFTER", 60.0)
+#: How long one process reuses the measured cold starts it read (they change only when a
+#: replica first becomes ready; docs/architecture.md, R11). 0: read them every pass.
+LLMGW_COLD_STARTS_CACHE_S = env_duration_s("COLD_STARTS_CACHE", 60.0)
 LLMGW_AGENT_ROUTE_GRACE_S = env_duration_s("AGENT_ROUTE_GRACE", 12.0)
 LLMGW_CONTROL_PLANE_HEARTBEAT_S = env_duration_s("CONTROL_PLANE_HEARTBEAT", 5.0)
 LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)

@@ -44,4 +44,7 @@ LLMGW_WATCH_INTERVAL_S = 0.05
 LLMGW_WATCH_FAST_INTERVAL_S = 0.02
 LLMGW_USAGE_FLUSH_INTERVAL_S = 0.1
 LLMGW_DRAIN_GRACE_S = 2.0
+# Every pass reads the measured cold starts: a process-wide cache would carry one test's
+# rows into the next test's passes.
+LLMGW_COLD_STARTS_CACHE_S = 0.0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

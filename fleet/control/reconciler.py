@@ -27,6 +27,7 @@ from fleet.control.specs import spec_hash
 from fleet.groups import nudge_agents
 from fleet.models import Agent, ModelState, PassLock, Replica, ScalingEvent
 from fleet.planning import planner
+from fleet.planning.warmth import ArrivalProfile, ColdStart
 from fleet.states import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,13 @@ log = logging.getLogger(__name__)
 MAX_PASSES_PER_RUN = 20
 
 
-def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datetime | None] | None = None) -> set[int]:
+def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datetime | None] | None = None,
+               cold_starts: dict[int, ColdStart | None] | None = None) -> set[int]:
     """Write a plan's actions and outcomes; returns the agents whose desired set moved. A
     placed row records its model's name and the hash of the spec it starts from
     (``fleet.control.specs.spec_hash``, docs/architecture.md, R10), read in the same
-    transaction that creates it."""
+    transaction that creates it. ``cold_starts`` (model id → its measured cold start, None:
+    none yet) is stored with each outcome, for the surfaces that cannot compute it (R11)."""
     touched: set[int] = set()
     models = {m.id: m for m in Model.objects.select_related("profile").filter(
         id__in=[p.model_id for p in result.places]
@@ -78,7 +81,16 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
             "quiet_since": outcome.scaling.quiet_since,
             "observed_per_replica": outcome.scaling.observed_per_replica,
             "crowded_since": outcome.scaling.crowded_since,
+            "trend": outcome.scaling.trend.as_json() if outcome.scaling.trend is not None else None,
+            "warm_ahead": outcome.warm_ahead,
+            "speculative": outcome.speculative,
         }
+        if outcome.warm_evicted:
+            fields["warm_evicted_at"] = now
+        if cold_starts is not None and model_id in cold_starts:
+            start = cold_starts[model_id]
+            fields["cold_start_s"] = start.estimate_s if start is not None else None
+            fields["cold_start_samples"] = start.samples if start is not None else 0
         if outcome.scaled is not None:
             before, after, why = outcome.scaled
             ScalingEvent.objects.create(model_id=model_id, at=now, from_replicas=before, to_replicas=after, reason=why)
@@ -109,12 +121,17 @@ def apply_plan(result: planner.Plan, now: datetime, wanted_seen: dict[int, datet
 
 
 def run_pass(now: datetime | None = None) -> planner.Plan:
-    """One pass, assuming the caller holds the pass lock."""
+    """One pass, assuming the caller holds the pass lock. The on-demand models' arrival
+    profiles the snapshot brought up to ``now`` are stored with the plan (R11)."""
     now = now or timezone.now()
-    snapshot = load_snapshot(now)
+    arrivals: dict[int, ArrivalProfile] = {}
+    snapshot = load_snapshot(now, arrivals)
     result = planner.plan(snapshot, now)
     with transaction.atomic():
-        touched = apply_plan(result, now, {m.id: m.wanted_at for m in snapshot.models})
+        touched = apply_plan(result, now, {m.id: m.wanted_at for m in snapshot.models},
+                             {m.id: m.cold_start for m in snapshot.models})
+        for model_id, profile in arrivals.items():
+            ModelState.objects.filter(model_id=model_id).update(arrivals=profile.as_json())
     if touched:
         transaction.on_commit(lambda: nudge_agents(touched))
     return result

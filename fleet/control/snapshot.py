@@ -4,21 +4,27 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db.models import Q, Sum
+from django.db.models import F, Q, Sum, Window
+from django.db.models.functions import RowNumber
 
 from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
-from catalog.schedules import active_window
+from catalog.schedules import active_window, describe, next_start
 from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, Gpu, ModelState, QueueReport, Replica, UsageReport
-from fleet.planning import planner
+from fleet.planning import planner, warmth
 from fleet.protocol import error_summary
-from fleet.planning.scaling import Load, ScalingPolicy
+from fleet.planning.scaling import Load, ScalingPolicy, Trend
 from fleet.states import HOLDS_RESOURCES, ReplicaState
+
+#: The measured cold starts this process read last, and when (``LLMGW_COLD_STARTS_CACHE``).
+_cold_starts: tuple[float, dict[tuple[int, int | None], list[float]]] | None = None
 
 
 def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Policy:
@@ -26,6 +32,7 @@ def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Po
         scale_up_waiting=cluster.scale_up_waiting,
         scale_up_after_s=float(cluster.scale_up_after_s),
         scale_down_after_s=float(cluster.scale_down_after_s),
+        ramp=cluster.ramp_scaling,
     )
     return planner.Policy(
         scaling=scaling,
@@ -38,7 +45,39 @@ def _policy(cluster: ClusterSettings, now: datetime | None = None) -> planner.Po
         backoff_cap_s=settings.LLMGW_BACKOFF_CAP_S,
         placing_timeout_s=settings.LLMGW_PLACING_TIMEOUT_S,
         listening_since=listening_since(now) if now is not None else None,
+        time_zone=cluster.time_zone,
+        default_cold_start_s=float(cluster.default_cold_start_s),
+        prewarm_windows=cluster.prewarm_windows,
+        predictive_warmth=cluster.predictive_warmth,
     )
+
+
+def recent_cold_starts(fresh: bool = False) -> dict[tuple[int, int | None], list[float]]:
+    """(model id, profile id) → the measured cold starts (seconds) of its most recent
+    replicas, newest first, at most ``warmth.RECENT_STARTS`` each (docs/architecture.md,
+    R11). One query, reused for ``LLMGW_COLD_STARTS_CACHE`` in this process (``fresh``:
+    read now)."""
+    global _cold_starts
+    ttl = settings.LLMGW_COLD_STARTS_CACHE_S
+    if not fresh and _cold_starts is not None and time.monotonic() - _cold_starts[0] < ttl:
+        return _cold_starts[1]
+    rows = (Replica.objects.filter(cold_start_s__isnull=False, model__isnull=False)
+            .annotate(rank=Window(RowNumber(), partition_by=[F("model_id"), F("profile_id")], order_by=F("id").desc()))
+            .filter(rank__lte=warmth.RECENT_STARTS)
+            .order_by("-id").values_list("model_id", "profile_id", "cold_start_s"))
+    found: dict[tuple[int, int | None], list[float]] = defaultdict(list)
+    for model_id, profile_id, seconds in rows:
+        found[(model_id, profile_id)].append(seconds)
+    _cold_starts = (time.monotonic(), dict(found))
+    return _cold_starts[1]
+
+
+def cold_start_of(model_id: int, profile_id: int | None, cluster: ClusterSettings,
+                  recent: dict[tuple[int, int | None], list[float]] | None = None) -> warmth.ColdStart:
+    """The model's cold-start estimate on its profile (R11): p90 of its recent starts, or
+    the cluster's default."""
+    starts = (recent if recent is not None else recent_cold_starts()).get((model_id, profile_id), [])
+    return warmth.cold_start(starts, float(cluster.default_cold_start_s))
 
 
 def fresh_in_flight(now: datetime) -> dict[int, int]:
@@ -73,11 +112,20 @@ def in_flight_since_draining(now: datetime, draining: list[Replica]) -> dict[int
     return {rid: total for rid, total in totals.items() if rid not in stale}
 
 
-def load_snapshot(now: datetime) -> planner.Snapshot:
+def load_snapshot(now: datetime, arrivals: dict[int, warmth.ArrivalProfile] | None = None) -> planner.Snapshot:
     """Read everything one pass needs in a handful of queries. Each model carries its
     current spec hash and each replica whether it is outdated (docs/architecture.md, R10);
-    a replica whose model was deleted has ``model_id`` None."""
+    a replica whose model was deleted has ``model_id`` None.
+
+    Warm before demand (R11): each model carries its measured cold start and the next
+    window to start; each on-demand model's arrival profile is brought up to ``now``
+    (``warmth.observe``, with its latest request or use) and its prediction made from it
+    (``warmth.predict``). Profiles that moved are put in ``arrivals`` (model id → profile)
+    for the shell to store."""
     cluster = ClusterSettings.get_solo()
+    tz = ZoneInfo(cluster.time_zone)
+    recent = recent_cold_starts()
+    last_used: dict[int, datetime] = {}
     gpus = defaultdict(list)
     for gpu in Gpu.objects.all():
         gpus[gpu.agent_id].append(planner.GpuView(gpu.index, gpu.memory_total_mib))
@@ -94,6 +142,9 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
     # rather than as missing from both (placed again at once).
     live_states = [s.value for s in HOLDS_RESOURCES] + [ReplicaState.LOST.value]
     replica_rows = list(Replica.objects.filter(state__in=live_states))
+    for r in replica_rows:
+        if r.model_id is not None and r.last_used_at is not None:
+            last_used[r.model_id] = max(last_used.get(r.model_id, r.last_used_at), r.last_used_at)
     states = {s.model_id: s for s in ModelState.objects.all()}
     horizon = now - timedelta(hours=1)
     proved = proved_stable(now, horizon)
@@ -112,6 +163,7 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
     hashes: dict[int, str] = {}
     for m in Model.objects.select_related("profile"):
         window = active_window(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
+        upcoming = next_start(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
         p = m.profile
         profile = None
         if p is not None:
@@ -121,6 +173,19 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
         # Backoff is per spec (R9, R10): the failures of an edit that a later edit replaced
         # do not hold back the next spec's first try. Rows from before spec hashes ("") count.
         fails = [f for f in failures.get(m.id, []) if not f.spec_hash or f.spec_hash == hashes[m.id]]
+        starts = recent.get((m.id, m.profile_id))
+        start = warmth.cold_start(starts or [], float(cluster.default_cold_start_s))
+        predicted = None
+        if m.on_demand and not m.is_external:
+            stored = warmth.ArrivalProfile.from_json(state.arrivals) if state else warmth.ArrivalProfile()
+            asked = max((t for t in (state.wanted_at if state else None, last_used.get(m.id)) if t is not None),
+                        default=None)
+            seen = warmth.observe(stored, now, asked, tz)
+            if arrivals is not None and (state is None or seen is not stored):
+                arrivals[m.id] = seen
+            if cluster.predictive_warmth:
+                idle = float(m.idle_timeout_s or cluster.default_idle_timeout_s)
+                predicted = warmth.predict(seen, now, tz, warmth.lead_s(start), idle)
         models.append(
             planner.ModelView(
                 id=m.id, name=m.name, profile=profile, min_replicas=m.min_replicas,
@@ -139,6 +204,12 @@ def load_snapshot(now: datetime) -> planner.Snapshot:
                 failures=tuple(f.state_changed_at for f in fails[-10:]),
                 last_error=error_summary(fails[-1].error)[:300] if fails else "",
                 spec_hash=hashes[m.id],
+                trend=Trend.from_json(state.trend) if state else None,
+                cold_start=start if starts else None,
+                next_window=(warmth.UpcomingWindow(upcoming[0], upcoming[1].min_replicas, upcoming[1].max_replicas,
+                                                   describe(upcoming[1])) if upcoming else None),
+                predicted=predicted,
+                warm_evicted_at=state.warm_evicted_at if state else None,
             )
         )
     drained = in_flight_since_draining(now, [r for r in replica_rows if r.state == ReplicaState.DRAINING.value])

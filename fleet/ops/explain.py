@@ -6,15 +6,25 @@ Plain data for ``llmgw explain``, the REST API and the dashboard.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 from django.utils import timezone
 
 from catalog.models import Benchmark, ClusterSettings, Model, limits_info
-from catalog.schedules import active_window, describe
-from fleet.models import ModelState, QueueReport, ScalingEvent
+from catalog.schedules import active_window, describe, next_start
+from fleet.control.snapshot import recent_cold_starts
+from fleet.models import ModelState, QueueReport, Replica, ScalingEvent
 from fleet.ops import cluster as read
-from fleet.planning import routing
+from fleet.planning import routing, warmth
+from fleet.planning.scaling import RAMP_COLD_START_FACTOR, RAMP_TARGET, ScalingPolicy, Trend, ramp_applies
 from fleet.states import ReplicaState
+
+#: An agent's own cold-start estimate is shown when it differs from the model's by this share
+#: or more, from at least this many of its starts.
+AGENT_DIFFERS = 0.25
+AGENT_MIN_STARTS = 3
 
 
 def _ago(when):
@@ -59,6 +69,78 @@ def routing_info(model: Model) -> dict:
     return {"policy": policy, "applies": not model.is_external, "text": text}
 
 
+def cold_start_info(model: Model, cluster: ClusterSettings) -> dict:
+    """The model's measured cold start on its profile (docs/architecture.md, R11),
+    JSON-ready: ``estimate_s`` (p90 of recent starts, else the cluster's default),
+    ``samples`` (0: the default), ``text``, and ``by_agent``: agents whose own p90 (from
+    :data:`AGENT_MIN_STARTS` starts or more) differs by :data:`AGENT_DIFFERS` or more."""
+    start = warmth.cold_start(recent_cold_starts(fresh=True).get((model.pk, model.profile_id), []),
+                              float(cluster.default_cold_start_s))
+    per_agent: dict[str, list[float]] = defaultdict(list)
+    rows = (Replica.objects.filter(model=model, profile_id=model.profile_id, cold_start_s__isnull=False)
+            .order_by("-id").values_list("agent__name", "cold_start_s")[:200])
+    for agent, seconds in rows:
+        if len(per_agent[agent]) < warmth.RECENT_STARTS:
+            per_agent[agent].append(seconds)
+    by_agent = []
+    for agent, starts in sorted(per_agent.items()):
+        own = warmth.cold_start(starts, start.estimate_s)
+        if own.samples >= AGENT_MIN_STARTS and abs(own.estimate_s - start.estimate_s) >= AGENT_DIFFERS * start.estimate_s:
+            by_agent.append({"agent": agent, "estimate_s": own.estimate_s, "samples": own.samples,
+                             "text": own.words()})
+    return {"estimate_s": start.estimate_s, "samples": start.samples, "measured": start.measured,
+            "text": start.words(), "lead_s": round(warmth.lead_s(start), 1), "by_agent": by_agent}
+
+
+def warmth_info(model: Model, state: ModelState | None, cluster: ClusterSettings, windows: list) -> dict:
+    """Warm before demand for ``model`` (docs/architecture.md, R11), JSON-ready:
+    ``cold_start`` (:func:`cold_start_info`); ``now``, what the last pass kept warm ahead of
+    demand and why ("" for nothing) and whether its replica is ``speculative``; ``prewarm``
+    (the next window, when its replicas are placed); ``prediction`` (the hours it is usually
+    asked for, and the run that holds now, if any); ``ramp`` (whether load scaling steps
+    ahead of a rising load for it, and the load's trend). Each part says when the cluster
+    has the rule switched off."""
+    now = timezone.now()
+    tz = ZoneInfo(cluster.time_zone)
+    start_info = cold_start_info(model, cluster)
+    start = warmth.ColdStart(start_info["estimate_s"], start_info["samples"])
+    lead = warmth.lead_s(start)
+    upcoming = next_start(windows, now, cluster.time_zone) if windows else None
+    prewarm = {"enabled": cluster.prewarm_windows, "next_window": None, "starts_at": None, "placed_from": None}
+    if upcoming:
+        prewarm.update(next_window=describe(upcoming[1]), starts_at=upcoming[0].isoformat(),
+                       placed_from=(upcoming[0] - timedelta(seconds=lead)).isoformat() if cluster.prewarm_windows
+                       else None)
+    profile = warmth.ArrivalProfile.from_json(state.arrivals) if state else warmth.ArrivalProfile()
+    current = None
+    if model.on_demand and cluster.predictive_warmth:
+        idle = float(model.idle_timeout_s or cluster.default_idle_timeout_s)
+        found = warmth.predict(profile, now, tz, lead, idle)
+        current = found.words if found else None
+    prediction = {"enabled": cluster.predictive_warmth, "applies": model.on_demand and not model.is_external,
+                  "usually_asked": warmth.describe_profile(profile) or None,
+                  "weeks_observed": round(max(profile.seen), 1) if not profile.empty else 0.0, "now": current}
+    scaling = ScalingPolicy(scale_up_after_s=float(cluster.scale_up_after_s), ramp=cluster.ramp_scaling)
+    trend = Trend.from_json(state.trend) if state else None
+    applies = ramp_applies(start.estimate_s, scaling)
+    if not cluster.ramp_scaling:
+        text = "off for this cluster"
+    elif applies:
+        text = (f"on: a replica takes {start.words()}, at least {RAMP_COLD_START_FACTOR:g} × the "
+                f"{cluster.scale_up_after_s} s scale-up delay, so a load rising towards {RAMP_TARGET:.0%} of its "
+                "replicas' capacity within a cold start adds one ahead of the queue")
+    else:
+        text = (f"does not apply: a replica takes {start.words()}, under {RAMP_COLD_START_FACTOR:g} × the "
+                f"{cluster.scale_up_after_s} s scale-up delay (scaling on the queue is soon enough)")
+    ramp = {"enabled": cluster.ramp_scaling, "applies": applies, "text": text,
+            "trend": ({"in_flight": round(trend.level, 1), "per_min": round(trend.slope_per_s * 60, 2),
+                       "at": trend.at.isoformat(), "rising_since": trend.rising_since.isoformat()
+                       if trend.rising_since else None} if trend is not None else None)}
+    return {"cold_start": start_info, "now": state.warm_ahead if state else "",
+            "speculative": bool(state and state.speculative), "prewarm": prewarm, "prediction": prediction,
+            "ramp": ramp}
+
+
 def explain_model(model: Model) -> dict:
     """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
     durations in seconds). ``queued_at_gateway``: requests waiting in the web processes'
@@ -101,6 +183,8 @@ def explain_model(model: Model) -> dict:
         "engine_protected": model.profile.protects_engine if model.profile_id and not model.is_external else None,
         "limits": limits_info(model),  # token limits in force and served endpoints
         "routing": routing_info(model),
+        # Warm before demand (R11): cold starts, pre-warm, prediction, the ramp.
+        "warmth": warmth_info(model, state, cluster, windows) if not model.is_external else None,
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,
         "desired": state.desired if state else 0,

@@ -189,6 +189,68 @@ class ExplainRoutingSerializer(serializers.Serializer):
                                  "each choice: llmgw_routing_decisions_total{model,policy,outcome}.")
 
 
+class ExplainAgentColdStartSerializer(serializers.Serializer):
+    agent = serializers.CharField()
+    estimate_s = serializers.FloatField(help_text="p90 of this agent's recent starts of the model, seconds.")
+    samples = serializers.IntegerField()
+    text = serializers.CharField()
+
+
+class ExplainColdStartSerializer(serializers.Serializer):
+    """The model's measured cold start (``fleet.ops.explain.cold_start_info``)."""
+
+    estimate_s = serializers.FloatField(help_text="Placement to ready, seconds: the 90th percentile of its last 20 "
+                                        "starts on its profile, or the cluster's default_cold_start_s.")
+    samples = serializers.IntegerField(help_text="Starts measured; 0: the default stands in.")
+    measured = serializers.BooleanField()
+    text = serializers.CharField()
+    lead_s = serializers.FloatField(help_text="How far ahead pre-warm places: the estimate plus a margin.")
+    by_agent = ExplainAgentColdStartSerializer(many=True, help_text="Agents whose own estimate differs by 25% or "
+                                               "more (from 3 starts or more).")
+
+
+class ExplainPrewarmSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="The cluster's prewarm_windows.")
+    next_window = serializers.CharField(allow_null=True)
+    starts_at = serializers.DateTimeField(allow_null=True)
+    placed_from = serializers.DateTimeField(allow_null=True, help_text="When its replicas are placed: the start "
+                                            "minus the lead. Null when pre-warm is off.")
+
+
+class ExplainPredictionSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="The cluster's predictive_warmth.")
+    applies = serializers.BooleanField(help_text="On-demand models only.")
+    usually_asked = serializers.CharField(allow_null=True, help_text="Its likely hours of the week (local), in words.")
+    weeks_observed = serializers.FloatField(help_text="The most weeks (decayed) any of its hours was observed.")
+    now = serializers.CharField(allow_null=True, help_text="The likely run that keeps it warm now, with until when.")
+
+
+class ExplainTrendSerializer(serializers.Serializer):
+    in_flight = serializers.FloatField()
+    per_min = serializers.FloatField(help_text="The load's slope, requests in flight per minute.")
+    at = serializers.DateTimeField()
+    rising_since = serializers.DateTimeField(allow_null=True)
+
+
+class ExplainRampSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="The cluster's ramp_scaling.")
+    applies = serializers.BooleanField(help_text="Its cold start is long enough for the rule.")
+    text = serializers.CharField()
+    trend = ExplainTrendSerializer(allow_null=True)
+
+
+class ExplainWarmthSerializer(serializers.Serializer):
+    """Warm before demand (``fleet.ops.explain.warmth_info``; docs/architecture.md, R11)."""
+
+    cold_start = ExplainColdStartSerializer()
+    now = serializers.CharField(help_text="What the last pass kept warm ahead of demand and why; empty: nothing.")
+    speculative = serializers.BooleanField(help_text="Its one replica is kept on a prediction alone: placed on free "
+                                           "room, evicted first for a wanted model.")
+    prewarm = ExplainPrewarmSerializer()
+    prediction = ExplainPredictionSerializer()
+    ramp = ExplainRampSerializer()
+
+
 class ExplainSerializer(serializers.Serializer):
     """``llmgw explain MODEL --json``: why a model has the replicas it has."""
 
@@ -220,3 +282,4 @@ class ExplainSerializer(serializers.Serializer):
     replicas = ExplainReplicaSerializer(many=True)
     limits = ExplainLimitsSerializer()
     routing = ExplainRoutingSerializer()
+    warmth = ExplainWarmthSerializer(allow_null=True, help_text="Null for an external model.")

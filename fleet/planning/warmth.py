@@ -330,9 +330,45 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
     return found
 
 
+def describe_profile(profile: ArrivalProfile | None) -> str:
+    """The likely hours of ``profile`` for people: "weekdays 09–11; Saturdays 10–12", or ""
+    when none is likely yet. Days with the same runs of hours are named together."""
+    if profile is None or profile.empty:
+        return ""
+    runs_by_day = []
+    for day in range(7):
+        runs, start = [], None
+        for hour in range(25):
+            on = hour < 24 and likely(profile, day * 24 + hour)
+            if on and start is None:
+                start = hour
+            elif not on and start is not None:
+                runs.append((start, hour))
+                start = None
+        runs_by_day.append(tuple(runs))
+    groups: dict[tuple, list[int]] = {}
+    for day, runs in enumerate(runs_by_day):
+        if runs:
+            groups.setdefault(runs, []).append(day)
+    parts = []
+    for runs, days in groups.items():
+        if days == list(range(7)):
+            who = "every day"
+        elif days == [0, 1, 2, 3, 4]:
+            who = "weekdays"
+        elif days == [5, 6]:
+            who = "weekends"
+        else:
+            who = ", ".join(_DAY_NAMES[d] for d in days)
+        hours = ", ".join("all day" if (a, b) == (0, 24) else f"{a:02d}–{b:02d}" for a, b in runs)
+        parts.append(f"{who} {hours}")
+    return "; ".join(parts)
+
+
 def _fmt_s(seconds: float) -> str:
+    """Seconds to ten minutes (a cold start of 150 s is not "2 min"), then minutes, hours."""
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
-    if seconds >= 120:
+    if seconds >= 600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds:.0f} s"

@@ -259,6 +259,8 @@ class Simulator:
         self.quiet_passes = 0
         self.plan_wall_s = 0.0
         self.events: list[dict] = []  # evictions and idle stops, in order
+        #: Requests that met their SLO, by the hour they arrived in (the report's slo_by_hour).
+        self.met_by_hour = [0] * (int(self.end // 3600) + 2)
         self.loads = LoadReports(self)
         self._prepare_windows()
         if config.predictive_warmth:
@@ -396,6 +398,7 @@ class Simulator:
         heappush, heappop = heapq.heappush, heapq.heappop
         seq = self._seq
         self.loads.start()
+        met_by_hour = self.met_by_hour
         cfg_predict = self.config.predictive_warmth
         i = 0
         while True:
@@ -421,6 +424,7 @@ class Simulator:
                     m.ttft.append(x)
                     if x <= m.slo_s:
                         m.slo_met += 1
+                        met_by_hour[int(arrival // 3600)] += 1
                     heappush(completions, (t + dur, next(seq), r))
                 else:
                     r.running -= 1
@@ -507,6 +511,7 @@ class Simulator:
             m.ttft.append(x)
             if x <= m.slo_s:
                 m.slo_met += 1
+                self.met_by_hour[int(arrival // 3600)] += 1
             heapq.heappush(self.completions, (t + dur, next(self._seq), r))
         else:
             r.queue.append((arrival, ttft_s, dur))

@@ -130,6 +130,9 @@ def build_report(raw: RawResult) -> Report:
     if prefixed:
         totals.update(_prefix_counts(*pre_tot.values()))
     gpus = sum(a.gpus for a in sim.fleet)
+    arrived = np.bincount((sim.trace.t_s[sim.trace.t_s <= sim.end] // 3600).astype(np.int64),
+                          minlength=len(sim.met_by_hour))
+    hours = [h for h in range(len(arrived)) if arrived[h]]
     data = {
         "label": sim.label,
         "trace": {"description": sim.trace.description, "requests": len(sim.trace),
@@ -145,6 +148,8 @@ def build_report(raw: RawResult) -> Report:
         "models": rows,
         "scale_steps": steps,
         "evictions_and_idle_stops": [e for e in sim.events if e["kind"] != "surplus"],
+        # (hours since the start, share of that hour's arrivals that met their SLO)
+        "slo_by_hour": [hours, [round(sim.met_by_hour[h] / int(arrived[h]), 6) for h in hours]],
     }
     return Report(
         data=data,

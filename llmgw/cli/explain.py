@@ -45,6 +45,30 @@ def run(options, stdout, stderr) -> int:
     elif info["observed_per_replica"]:
         stdout.write(f"  capacity:    {info['observed_per_replica']} running per replica while requests queued"
                      " (learned; a benchmark would measure it)\n")
+    warm = info.get("warmth")
+    if warm:
+        cold = warm["cold_start"]
+        agents = "; ".join(f"{a['agent']}: {a['text']}" for a in cold["by_agent"])
+        stdout.write(f"  cold start:  {cold['text']}" + (f" (differs on {agents})" if agents else "") + "\n")
+        if warm["now"]:
+            stdout.write(f"  warm ahead:  {warm['now']}" + (" — on free room only, evicted first" if warm["speculative"]
+                                                           else "") + "\n")
+        pre = warm["prewarm"]
+        if pre["next_window"]:
+            when = (f"placed from {pre['placed_from']} ({cold['lead_s']:.0f} s ahead)" if pre["enabled"]
+                    else "pre-warm off for this cluster: placed at its start")
+            stdout.write(f"  next window: {pre['next_window']} at {pre['starts_at']}, {when}\n")
+        pred = warm["prediction"]
+        if pred["applies"]:
+            if not pred["enabled"]:
+                stdout.write("  predicted:   off for this cluster\n")
+            else:
+                usual = pred["usually_asked"] or (f"no habit yet ({pred['weeks_observed']:g} weeks observed; "
+                                                  "an hour asked for four weeks running is one)")
+                stdout.write(f"  usually:     {usual}\n")
+                if pred["now"]:
+                    stdout.write(f"  predicted:   {pred['now']}\n")
+        stdout.write(f"  ramp:        {warm['ramp']['text']}\n")
     for e in info["scaling_events"]:
         stdout.write(f"  scaled:      {e['at']} {e['from']} → {e['to']}: {e['why']}\n")
     if info["last_failure"]:

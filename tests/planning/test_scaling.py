@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 from fleet.planning.planner import AgentView, ModelView, Policy, ProfileView, ReplicaView, Snapshot, plan
@@ -175,3 +176,97 @@ def test_plan_places_the_replica_a_scale_up_adds():
     assert len(result.places) == 1
     assert result.models[1].scaled[:2] == (1, 2) and result.models[1].desired == 2
     assert result.models[1].scaling.extra == 1
+
+
+# --- Rising loads (issue 18) -------------------------------------------------------------------
+
+COLD = 150.0  # a cold start long enough for the rising rule (≥ 3 × scale_up_after_s)
+
+
+def ramp(loads, base=2, ceiling=6, measured=24, starting=lambda t: False, cold_start_s=COLD, policy=POLICY,
+         state=ScalingState()):
+    """Feed (time, in flight) samples (nothing waiting) through evaluate() with a cold start."""
+    taken = []
+    for t, in_flight in loads:
+        load = Load(base + state.extra, running=in_flight, waiting=0)
+        step = evaluate(base, ceiling, load, measured, starting(t), state, at(t), policy, cold_start_s)
+        state = step.state
+        if step.moved:
+            taken.append((t, step.from_replicas, step.to_replicas, step.why))
+    return taken, state
+
+
+def rising(from_s=0, to_s=900, start=10.0, per_min=2.0, every=3):
+    return [(t, round(start + per_min * t / 60)) for t in range(from_s, to_s, every)]
+
+
+def test_a_load_rising_towards_capacity_adds_a_replica_before_any_request_waits():
+    taken, state = ramp(rising())
+    assert taken, "no step ahead of the rise"
+    t, before, after, why = taken[0]
+    assert (before, after) == (2, 3)
+    assert why.startswith("scale up ahead of a rising load:")
+    slope = float(re.search(r"rising (\d+\.\d)/min", why).group(1))
+    assert 1.5 <= slope <= 2.5  # the two averages lag, but they find the slope
+    # Two replicas of 24 hold 48; the step comes while the load is still well under that.
+    assert 10 + 2.0 * t / 60 < 0.85 * 48
+    assert state.extra >= 1
+
+
+def test_the_rising_load_must_hold_for_scale_up_after_and_a_spike_adds_nothing():
+    spike = [(t, 10) for t in range(0, 600, 3)] + [(600 + t, 45) for t in range(0, 24, 3)] + \
+        [(624 + t, 10) for t in range(0, 900, 3)]
+    taken, state = ramp(spike)
+    assert taken == [] and state.extra == 0
+
+
+def test_no_step_ahead_while_a_replica_is_still_starting_and_none_past_the_ceiling():
+    taken, _ = ramp(rising(per_min=4.0, to_s=1200), starting=lambda t: True)
+    assert taken == []
+    taken, _ = ramp(rising(per_min=4.0, to_s=1200), ceiling=2)
+    assert taken == []
+
+
+def test_a_short_cold_start_leaves_rising_loads_to_the_queue_rule():
+    taken, state = ramp(rising(), cold_start_s=60)  # < 3 × 30 s
+    assert taken == [] and state.trend is None
+
+
+def test_without_a_capacity_nothing_is_projected_and_switched_off_nothing_is_followed():
+    taken, state = ramp(rising(), measured=None)
+    assert taken == [] and state.trend is not None  # followed, but nothing to project against
+    off = ScalingPolicy(scale_up_waiting=2.0, scale_up_after_s=30, scale_down_after_s=300, ramp=False)
+    taken, state = ramp(rising(), policy=off)
+    assert taken == [] and state.trend is None
+
+
+def test_a_rising_load_is_never_quiet_and_a_stalled_rise_is_taken_back_by_the_quiet_rule():
+    # Rise, then flat at 20 in flight: the step ahead was not needed after all.
+    samples = rising(to_s=480, per_min=4.0) + [(480 + t, 20) for t in range(0, 1800, 3)]
+    taken, state = ramp(samples)
+    ups = [s for s in taken if s[2] > s[1]]
+    downs = [s for s in taken if s[2] < s[1]]
+    assert ups and downs and downs[0][0] - ups[-1][0] >= 300
+    assert state.extra == 0
+
+
+def test_the_trend_moves_at_most_every_step_and_starts_afresh_after_a_gap():
+    from fleet.planning.scaling import TREND_STEP_S, follow
+
+    first = follow(None, 10, at(0))
+    assert follow(first, 50, at(TREND_STEP_S - 1)) is first
+    moved = follow(first, 50, at(TREND_STEP_S))
+    assert moved.fast > moved.slow > 10 and moved.slope_per_s > 0
+    fresh = follow(moved, 7, at(1000))
+    assert (fresh.fast, fresh.slow) == (7, 7)
+
+
+def test_a_trend_survives_its_json_and_a_damaged_one_starts_afresh():
+    from fleet.planning.scaling import Trend
+
+    trend = Trend(12.5, 10.25, at(30), at(15))
+    assert Trend.from_json(trend.as_json()) == trend
+    for bad in (None, {}, {"fast": "x", "slow": 1, "at": at(0).isoformat()}, {"fast": 1, "slow": 1, "at": "noon"},
+                {"fast": 1, "slow": 1, "at": "2026-11-30T09:00:00"}, {"fast": float("nan"), "slow": 1,
+                                                                         "at": at(0).isoformat()}):
+        assert Trend.from_json(bad) is None
