@@ -95,7 +95,7 @@ def speculative(model: ModelView, policy: Policy, now: datetime) -> bool:
     not asked for within its idle timeout. Such a replica is placed only on room nobody
     else wants and is evicted first (docs/architecture.md, R11)."""
     return (model.on_demand and not model.external and model.predicted is not None
-            and model.predicted.warm_from <= now <= model.predicted.until
+            and model.predicted.warm_from <= now < model.predicted.until
             and min_replicas_now(model) == 0 and not wanted_now(model, policy, now))
 
 
@@ -120,7 +120,7 @@ def base_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     if wanted_now(model, policy, now):
         return 1
     predicted = model.predicted
-    return 1 if predicted is not None and predicted.warm_from <= now <= predicted.until else 0
+    return 1 if predicted is not None and predicted.warm_from <= now < predicted.until else 0
 
 
 def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:

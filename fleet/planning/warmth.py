@@ -267,7 +267,7 @@ def likely(profile: ArrivalProfile, slot: int) -> bool:
 @dataclass(frozen=True)
 class Prediction:
     """A run of likely hours around now: warm from ``warm_from`` (its first hour's start
-    minus the lead), wanted until ``until`` (its last hour's end plus the model's idle
+    minus the lead) until just before ``until`` (its last hour's end plus the model's idle
     timeout), and why in words."""
 
     warm_from: datetime
@@ -319,7 +319,7 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
         run_end = datetime.fromtimestamp(end * 3600, UTC)
         warm_from = begin_at - timedelta(seconds=lead)
         until = run_end + timedelta(seconds=idle_timeout_s)
-        if warm_from <= now <= until:
+        if warm_from <= now < until:
             local_from, local_to = begin_at.astimezone(tz), run_end.astimezone(tz)
             span = (f"{local_from:%H}–{local_to:%H}" if end - start < 24
                     else f"from {local_from:%a %H:00} to {local_to:%a %H:00}")

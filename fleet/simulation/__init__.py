@@ -14,7 +14,9 @@ requests runs in well under a minute. Pure Python and numpy: no database (except
 
 Parts: :mod:`.catalog` (models, latency model, cluster settings, fleet specs, catalog files),
 :mod:`.engine` (the event loop and the in-memory shell), :mod:`.report` (report, baseline
-comparison, plot). ``manage.py llmgw simulate`` is the command line.
+comparison, plot), :mod:`.peers` (the policies of Ollama/llama-swap and Kubernetes' HPA with
+KEDA, as controllers) and :mod:`.referee` (every policy on one trace). ``manage.py llmgw
+simulate`` is the command line.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ __all__ = [
 
 
 def simulate(catalog: Catalog, fleet: tuple[AgentSpec, ...], trace: Trace, config: SimConfig = SimConfig(),
-             label: str = "llmgw") -> Report:
-    """Run ``trace`` through ``catalog`` on ``fleet``; the report (see :mod:`.report`)."""
-    return build_report(Simulator(catalog, fleet, trace, config, label).run())
+             label: str = "llmgw", history: Trace | None = None) -> Report:
+    """Run ``trace`` through ``catalog`` on ``fleet``; the report (see :mod:`.report`).
+    ``history``: requests before the trace, which the on-demand models' arrival profiles
+    are learned from (predictive warmth, issue 18)."""
+    return build_report(Simulator(catalog, fleet, trace, config, label, history=history).run())
 
 
 def baseline(catalog: Catalog, fleet: tuple[AgentSpec, ...], trace: Trace, config: SimConfig = SimConfig(),

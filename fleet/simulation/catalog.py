@@ -431,7 +431,9 @@ def peak_counts(catalog: Catalog, trace, bucket_s: float = 300.0, headroom: floa
 
 def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
     """The catalog the cluster runs: every model with a profile (external ones are served
-    elsewhere and skipped), its windows, benchmark and routing policy, and the cluster's
+    elsewhere and skipped), its windows, benchmark and routing policy, its cold start as the
+    fleet measured it (the 90th percentile of its recent starts, as the last reconcile pass
+    stored it; ``default_cold_start_s`` for a model never started), and the cluster's
     settings (prefix cache slots: :data:`PREFIX_CACHE_SLOTS`, the database has none). Needs
     Django set up; imports the ORM here so the rest of the simulator does not."""
     # lazy: the simulator runs without Django (bench/simulate_day.py); only the *_from_db
@@ -439,6 +441,7 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
     from django.conf import settings
 
     from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
+    from fleet.models import ModelState
 
     cluster_row = ClusterSettings.get_solo()
     cluster = ClusterSpec(
@@ -456,6 +459,7 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
     for w in ScheduleWindow.objects.all():
         windows.setdefault(w.model_id, []).append(w.as_window())
     benchmarks = {(b.model_id, b.profile_id): b for b in Benchmark.objects.all()}
+    measured = dict(ModelState.objects.filter(cold_start_s__isnull=False).values_list("model_id", "cold_start_s"))
     models = []
     for m in Model.objects.select_related("profile").order_by("name"):
         p = m.profile
@@ -470,7 +474,7 @@ def catalog_from_db(default_cold_start_s: float = 60.0) -> Catalog:
             name=m.name, gpus_needed=p.gpus_needed, gpu_memory_mib=p.gpu_memory_mib, cpu_cores=p.cpu_cores,
             memory_mib=p.memory_mib, min_replicas=m.min_replicas, max_replicas=m.max_replicas,
             on_demand=m.on_demand, idle_timeout_s=float(m.idle_timeout_s) if m.idle_timeout_s else None,
-            windows=tuple(windows.get(m.id, ())), cold_start_s=default_cold_start_s,
+            windows=tuple(windows.get(m.id, ())), cold_start_s=measured.get(m.id, default_cold_start_s),
             engine_metrics=bool(p.metric_running or p.metric_waiting),
             latency=latency_from(bench, None, f"model {m.name}"),
             routing_policy=m.routing_policy if m.routing_policy in POLICIES else LEAST_LOADED,

@@ -198,6 +198,9 @@ class OllamaLike(Controller):
                     _drain_or_stop(plan, victim, f"unloaded (least recently used) to load {m.name}",
                                    planner.MoveCause.EVICTION)
                     unloading.add(victim.id)
+                    # Unloaded is unloaded: only a new request loads it again.
+                    plan.models[victim.model_id].forget_demand = True
+                    plan.models[victim.model_id].desired = 0
                 plan.models[m.id].reason = "waiting for a GPU"
                 break
         return plan

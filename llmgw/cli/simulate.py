@@ -4,7 +4,10 @@ Runs a trace through a simulated fleet in simulated time, with the real planner 
 (``fleet.simulation``); reports per model and in total, against a static fleet sized for the
 peak, and saves a plot of GPUs and replicas over time. A trace whose requests carry prefixes
 (``prefix_id``, ``prefix_tokens``) also gets each model's prefix-cache hit rate and the
-prefill tokens saved, routed by the catalog's ``routing_policy`` (issue 17).
+prefill tokens saved, routed by the catalog's ``routing_policy`` (issue 17). ``--compare``
+referees the trace through every policy of ``fleet.simulation.referee`` — llmgw with and
+without its warm-before-demand rules, the static fleet, Ollama/llama-swap-like and
+Kubernetes HPA+KEDA-like — in one run, and plots the GPUs each held (issue 18).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from fleet.simulation import (
     simulate,
 )
 from fleet.planning.routing import POLICIES
-from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, shared_prefixes
+from fleet.simulation.referee import LABELS, POLICIES as REFEREE_POLICIES, ROWS, ahead, plot_policies, policy_rows, referee
+from fleet.simulation.referee import totals as policy_totals
+from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, diurnal_long_tail_history, shared_prefixes
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Simulate a trace on a fleet with the real planner: requests served, held and rejected, TTFT "
@@ -43,6 +48,7 @@ EPILOG = """examples:
   llmgw simulate --scenario shared-prefixes                       tenants' system prompts, prefix-affinity
   llmgw simulate --trace day.jsonl --catalog catalog.yaml --fleet 8x8xH100-80G
   llmgw simulate --usage-records --since 24h --from-db            replay the last day of this cluster
+  llmgw simulate --scenario diurnal-long-tail --compare           every policy on the published day
 trace files: JSONL or CSV with t_s, model, prompt_tokens, output_tokens (see fleet/simulation/traces.py);
 usage-record exports (at, model, prompt_tokens, completion_tokens, total_ms) are replayed too.
 prefixes: a trace may add per request prefix_id (a name for the prompt's shared start, e.g. a
@@ -82,6 +88,17 @@ def add_arguments(parser) -> None:
                      help="seconds between reconcile passes (default: LLMGW_RECONCILE_INTERVAL)")
     how.add_argument("--duration", type=float, default=None, help="seconds to simulate (default: the trace, "
                      "rounded up to an hour)")
+    how.add_argument("--compare", action="store_true",
+                     help="referee the trace through every policy (llmgw with and without its warm-before-demand "
+                     "rules, static, Ollama/llama-swap-like, Kubernetes HPA+KEDA-like) and compare them")
+    how.add_argument("--policies", metavar="LIST", default=None,
+                     help="with --compare: a comma-separated subset of " + ",".join(REFEREE_POLICIES))
+    how.add_argument("--history", metavar="FILE", default=None,
+                     help="a trace of requests before this one (same formats): the on-demand models' arrival "
+                     "profiles are learned from it (predictive warmth)")
+    how.add_argument("--history-weeks", type=int, default=4,
+                     help="with --scenario diurnal-long-tail or --usage-records: the weeks of history before the "
+                     "trace to learn from (default 4; 0: none, as on a new cluster)")
     how.add_argument("--cold-start", type=float, default=60.0,
                      help="seconds from placement to ready for models that do not say (default 60)")
     out = parser.add_argument_group("output")
@@ -106,15 +123,35 @@ def _usage_trace(since: datetime) -> traces.Trace:
     return traces.from_usage(rows.iterator(), f"usage records since {since:%Y-%m-%d %H:%M} UTC")
 
 
+def _history(options, trace: traces.Trace) -> traces.Trace | None:
+    """The requests before ``trace`` the on-demand models learn their arrival profiles from:
+    ``--history FILE``, else (with ``--usage-records``) the usage records of the
+    ``--history-weeks`` before the trace's start; None without either."""
+    if options.get("history"):
+        return traces.read_trace(options["history"])
+    weeks = options.get("history_weeks") or 0
+    if options.get("usage_records") and weeks > 0 and len(trace):
+        since = trace.start - timedelta(weeks=weeks)
+        rows = (UsageRecord.objects.filter(at__gte=since, at__lt=trace.start).order_by("at")
+                .values_list("at", "model_name", "prompt_tokens", "completion_tokens", "total_ms"))
+        history = traces.from_usage(rows.iterator(), f"usage records of the {weeks} weeks before")
+        return history if len(history) else None
+    return None
+
+
 def _inputs(options):
-    """(catalog, fleet, trace, name) from the options; ValueError for what is missing."""
+    """(catalog, fleet, trace, name, history) from the options; ValueError for what is missing."""
     fleet = parse_fleet(options["fleet"]) if options["fleet"] else ()
     if options["scenario"] == "shared-prefixes":
         catalog, spec, trace = shared_prefixes(options["requests"] or 7200, options["seed"])
-        return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
+        return catalog, fleet or parse_fleet(spec), trace, options["scenario"], _history(options, trace)
     if options["scenario"]:
-        catalog, spec, trace = diurnal_long_tail(options["models"], options["requests"] or 1_000_000, options["seed"])
-        return catalog, fleet or parse_fleet(spec), trace, options["scenario"]
+        requests = options["requests"] or 1_000_000
+        catalog, spec, trace = diurnal_long_tail(options["models"], requests, options["seed"])
+        weeks = options.get("history_weeks") or 0
+        history = _history(options, trace) or (
+            diurnal_long_tail_history(options["models"], requests, options["seed"], weeks) if weeks > 0 else None)
+        return catalog, fleet or parse_fleet(spec), trace, options["scenario"], history
     if bool(options["catalog"]) == bool(options["from_db"]):
         raise ValueError("give the catalog: --catalog FILE or --from-db (or --scenario)")
     catalog = (read_catalog(options["catalog"], options["cold_start"]) if options["catalog"]
@@ -132,12 +169,16 @@ def _inputs(options):
     fleet = fleet or catalog.fleet or (fleet_from_db() if options["from_db"] else ())
     if not fleet:
         raise ValueError("give the fleet: --fleet SPEC like 8x8xH100-80G")
-    return catalog, fleet, trace, name
+    return catalog, fleet, trace, name, _history(options, trace)
 
 
 def run(options, stdout, stderr) -> int:
     try:
-        catalog, fleet, trace, name = _inputs(options)
+        catalog, fleet, trace, name, history = _inputs(options)
+        policies = [p.strip() for p in (options.get("policies") or "").split(",") if p.strip()]
+        unknown = [p for p in policies if p not in REFEREE_POLICIES]
+        if unknown:
+            raise ValueError(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(REFEREE_POLICIES)})")
         count = None
         if not options["no_baseline"] and options["baseline"] != "peak":
             count = int(options["baseline"])
@@ -156,8 +197,11 @@ def run(options, stdout, stderr) -> int:
         traces.write_trace(trace, options["save_trace"])
     interval = options["interval"] or float(getattr(settings, "LLMGW_RECONCILE_INTERVAL_S", 3.0))
     config = SimConfig(reconcile_interval_s=interval, duration_s=options["duration"])
+    if options.get("compare") or policies:
+        return _compare(options, catalog, fleet, trace, history, config, policies or list(REFEREE_POLICIES), name,
+                        stdout, stderr)
     began = time.perf_counter()
-    ours = simulate(catalog, fleet, trace, config)
+    ours = simulate(catalog, fleet, trace, config, history=history)
     base = None if options["no_baseline"] else baseline(catalog, fleet, trace, config, count)
     wall_s = time.perf_counter() - began
     comparison = compare(ours, base) if base else None
@@ -171,6 +215,39 @@ def run(options, stdout, stderr) -> int:
                                        "plan": round(ours.plan_wall_s, 2)}})
         return OK
     _print(console(stdout), ours, base, comparison, png, wall_s, options["top"])
+    return OK
+
+
+def _compare(options, catalog, fleet, trace, history, config, policies, name, stdout, stderr) -> int:
+    """``--compare``: every policy of ``fleet.simulation.referee`` on the trace, a table
+    (or ``--json``) and one plot of the GPUs each held."""
+    out = console(stdout)
+    began = time.perf_counter()
+    progress = (lambda label: None) if options["json"] else (lambda label: out.print(f"  simulating: {label}"))
+    entries = referee(catalog, fleet, trace, config, history, policies, progress)
+    wall_s = time.perf_counter() - began
+    png = None if options["no_plot"] else str(plot_policies(entries, options["plot"] or f"simulate-{name}-compare.png"))
+    ours = next((e for e in entries if e.key == "llmgw"), None)
+    verdicts = [ahead(ours, e) for e in entries if ours is not None and e.key in ("ollama", "hpa")]
+    if options["json"]:
+        write_json(stdout, {"policies": policy_rows(entries), "ahead": verdicts, "plot": png,
+                            "history_requests": len(history) if history is not None else 0,
+                            "reports": {e.key: e.report.data for e in entries}, "wall_s": round(wall_s, 2)})
+        return OK
+    d = entries[0].report.data
+    out.print(f"[bold]{d['trace']['description']}[/]")
+    out.print(f"catalog: {d['catalog']['models']} models; fleet: {d['fleet']['summary']}; history for the arrival "
+              f"profiles: {f'{len(history):,} requests' if history is not None else 'none'}")
+    rows = [[label] + [_fmt(policy_totals(e)[key], kind) for e in entries] for key, label, kind in ROWS]
+    rows.insert(0, ["fleet"] + [e.report.data["fleet"]["summary"] for e in entries])
+    out.print(table("every policy, the same trace", [""] + [LABELS[e.key] for e in entries], rows))
+    for v in verdicts:
+        other = LABELS[v["other"]]
+        out.print(f"llmgw vs {other}: GPU-hours × {v['gpu_hours_ratio']:.3f}, SLO attainment "
+                  f"{v['slo_points']:+.3f} points — " + ("ahead on both" if v["ahead_on_both"] else "not ahead on both"))
+    if png:
+        out.print(f"plot: {png}")
+    out.print(f"simulated in {wall_s:.1f} s wall")
     return OK
 
 

@@ -107,3 +107,38 @@ def test_overlapping_windows_are_rejected_with_a_validation_message(make_model):
     assert "Overlaps the window mon,tue,wed,thu,fri 09:00–17:00" in str(exc.value)
     with pytest.raises(ValidationError, match="not a day"):
         ScheduleWindow(model=m, weekdays="someday", start=time(1), end=time(2)).full_clean()
+
+
+# --- the next start, for pre-warm (issue 18) ---------------------------------------------------
+
+def test_the_next_start_is_the_first_window_start_after_now_in_the_clusters_zone():
+    from catalog.schedules import next_start
+
+    friday_evening = local(NY, 2026, 12, 4, 18, 0)
+    start, window = next_start([OFFICE, NIGHT], friday_evening, NY)
+    assert window == NIGHT and start == local(NY, 2026, 12, 4, 22, 0)
+    start, window = next_start([OFFICE], friday_evening, NY)  # over the weekend to Monday
+    assert window == OFFICE and start == local(NY, 2026, 12, 7, 9, 0)
+    assert next_start([OFFICE], friday_evening, NY, within=timedelta(days=1)) is None
+    at_start = local(NY, 2026, 12, 7, 9, 0)
+    assert next_start([OFFICE], at_start, NY)[0] == local(NY, 2026, 12, 8, 9, 0)  # after now, not at
+
+
+def test_a_start_in_the_skipped_hour_is_when_the_clock_jumps_so_pre_warm_agrees_with_the_window():
+    from catalog.schedules import next_start
+
+    early = Window((6,), time(2, 30), time(5), 1, id=3)
+    start, _ = next_start([early], local(NY, 2027, 3, 14, 0, 0), NY)
+    assert start == datetime(2027, 3, 14, 7, 0, tzinfo=timezone.utc)  # 03:00 EDT
+    assert active_window([early], start, NY) == early
+    assert active_window([early], start - timedelta(seconds=1), NY) is None
+
+
+def test_in_the_repeated_hour_the_next_start_is_the_first_occurrence_and_midnight_is_crossed():
+    from catalog.schedules import next_start
+
+    starts = Window((6,), time(1, 30), time(4), 1, id=5)
+    start, _ = next_start([starts], local(NY, 2026, 11, 1, 0, 0), NY)
+    assert start == local(NY, 2026, 11, 1, 1, 30, fold=0)
+    start, window = next_start([NIGHT], local(NY, 2026, 12, 4, 23, 0), NY)  # inside Friday's night window
+    assert window == NIGHT and start == local(NY, 2026, 12, 11, 22, 0)

@@ -514,3 +514,64 @@ def test_the_watchdog_runs_a_pass_only_when_no_worker_leads(make_model):
     assert watchdog() == 0 and not Replica.objects.filter(model=m).exists()
     LeaderLease.release("w1:1")
     assert watchdog() == 1 and Replica.objects.filter(model=m).count() == 1
+
+
+# --- warm before demand (R11) ------------------------------------------------------------------
+
+def _habit_now(weeks: int = 4):
+    """An arrival profile asked for at this hour of the week for ``weeks`` weeks running,
+    closed up to the hour before now (as passes would have left it)."""
+    from datetime import UTC
+    from zoneinfo import ZoneInfo
+
+    from fleet.planning.warmth import ArrivalProfile, learn
+
+    now = timezone.now()
+    asked = [now - timedelta(days=7 * w) for w in range(1, weeks + 1)]
+    return learn(ArrivalProfile(), asked, now.replace(minute=0, second=0, microsecond=0).astimezone(UTC),
+                 ZoneInfo("UTC"))
+
+
+def test_a_pass_keeps_an_on_demand_model_warm_on_its_habit_and_stores_why(make_model):
+    from fleet.ops.explain import explain_model
+
+    connected_agent()
+    m = make_model("habit", on_demand=True, min_replicas=0, idle_timeout_s=600)
+    ModelState.objects.create(model=m, arrivals=_habit_now().as_json())
+    reconciler.run_pass()
+    placed = Replica.objects.get(model=m)
+    state = ModelState.objects.get(model=m)
+    assert state.speculative and state.warm_ahead.startswith("kept warm: usually asked for")
+    assert "warm until" in state.warm_ahead and state.warm_ahead in placed.reason + state.reason
+    assert not state.unservable and state.wanted_at is None
+    info = explain_model(m)["warmth"]
+    assert info["speculative"] and info["now"] == state.warm_ahead
+    assert info["prediction"]["usually_asked"] and info["prediction"]["now"].startswith("usually asked for")
+    assert info["cold_start"]["samples"] == 0 and "not measured yet" in info["cold_start"]["text"]
+
+
+def test_with_predictive_warmth_off_a_habit_places_nothing(make_model, cluster):
+    cluster.predictive_warmth = False
+    cluster.save()
+    connected_agent()
+    m = make_model("habit", on_demand=True, min_replicas=0)
+    ModelState.objects.create(model=m, arrivals=_habit_now().as_json())
+    reconciler.run_pass()
+    assert not Replica.objects.filter(model=m).exists()
+    assert not ModelState.objects.get(model=m).speculative
+
+
+def test_a_pass_stores_the_profile_it_brought_up_to_now_and_the_measured_cold_start(make_model):
+    from fleet.planning.warmth import ArrivalProfile, epoch_hour
+
+    a = connected_agent()
+    m = make_model("od", on_demand=True, min_replicas=0)
+    for seconds in (20, 25, 30):
+        Replica.objects.create(model=m, profile=m.profile, agent=a, state="stopped", cold_start_s=seconds,
+                               cpu_cores=1, memory_mib=128)
+    ModelState.objects.create(model=m, wanted_at=timezone.now())
+    reconciler.run_pass()
+    state = ModelState.objects.get(model=m)
+    profile = ArrivalProfile.from_json(state.arrivals)
+    assert profile.open_hour == epoch_hour(timezone.now()) and profile.open_asked
+    assert state.cold_start_samples == 3 and 25 < state.cold_start_s <= 30

@@ -160,3 +160,76 @@ def test_fresh_queued_requests_add_to_a_known_load_and_stale_ones_or_an_unknown_
     # An engine load gone stale stays unknown, queue or not: no step either way.
     m.replicas.update(load_reported_at=now - timedelta(seconds=16))
     assert _loads(now, {})[m.pk] == Load(1, None, None)
+
+
+# --- warm before demand (R11) ------------------------------------------------------------------
+
+def test_a_replica_records_its_cold_start_at_its_first_ready_and_never_again(make_model):
+    from fleet.states import ReplicaState
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1)
+    r = replica(m, a, state="starting")
+    r.created_at = timezone.now() - timedelta(seconds=42)
+    type(r).objects.filter(pk=r.pk).update(created_at=r.created_at)
+    assert r.transition(ReplicaState.READY)
+    r.refresh_from_db()
+    assert 41.5 <= r.cold_start_s <= 45
+    first = r.cold_start_s
+    assert r.transition(ReplicaState.STARTING) and r.transition(ReplicaState.READY)  # a readiness blip
+    r.refresh_from_db()
+    assert r.cold_start_s == first
+    lost = replica(m, a, state="lost")  # a lost replica's return is not a start either
+    assert lost.transition(ReplicaState.READY)
+    lost.refresh_from_db()
+    assert lost.cold_start_s is None
+
+
+def test_the_snapshot_carries_each_models_measured_cold_start_and_the_default_otherwise(make_model):
+    from fleet.control.snapshot import load_snapshot
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1)
+    fresh = make_model("fresh", min_replicas=1)
+    for seconds in (30, 40, 50, 200):
+        replica(m, a, state="stopped", cold_start_s=seconds)
+    views = {v.name: v for v in load_snapshot(timezone.now()).models}
+    assert views["m"].cold_start.samples == 4 and 50 < views["m"].cold_start.estimate_s < 200
+    assert views["fresh"].cold_start is None  # the planner falls back to the cluster's default
+
+
+def test_the_snapshot_names_the_next_window_to_start(make_model):
+    from catalog.models import ClusterSettings, ScheduleWindow
+    from fleet.control.snapshot import load_snapshot
+
+    cluster = ClusterSettings.get_solo()
+    cluster.time_zone = "Europe/Istanbul"
+    cluster.save()
+    m = make_model("m", min_replicas=1, max_replicas=3)
+    now = timezone.now()
+    local = now.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Istanbul"))
+    start = (local + timedelta(minutes=30)).time().replace(second=0, microsecond=0)
+    end = (local + timedelta(minutes=90)).time().replace(second=0, microsecond=0)
+    ScheduleWindow.objects.create(model=m, weekdays="daily", start=start, end=end, min_replicas=2)
+    view = next(v for v in load_snapshot(now).models if v.id == m.id)
+    assert view.next_window is not None and view.next_window.min_replicas == 2
+    assert 28 * 60 <= (view.next_window.starts_at - now).total_seconds() <= 31 * 60
+    assert view.next_window.label.startswith("mon,tue,wed,thu,fri,sat,sun")
+
+
+def test_an_on_demand_models_profile_is_brought_up_to_now_with_its_latest_use(make_model):
+    from fleet.control.snapshot import load_snapshot
+    from fleet.models import ModelState
+    from fleet.planning.warmth import ArrivalProfile, epoch_hour
+
+    a = agent("a")
+    m = make_model("od", on_demand=True)
+    now = timezone.now()
+    replica(m, a, last_used_at=now - timedelta(seconds=5))
+    ModelState.objects.create(model=m, arrivals=ArrivalProfile(open_hour=epoch_hour(now) - 3).as_json())
+    moved = {}
+    load_snapshot(now, moved)
+    assert set(moved) == {m.id}
+    profile = moved[m.id]
+    assert profile.open_hour == epoch_hour(now) and profile.open_asked  # used this hour
+    assert sum(profile.seen) == 3.0 and sum(profile.asked) == 0.0  # three hours closed, none asked
