@@ -232,6 +232,9 @@ class PlanningPass(TransitionRules):
     * R9 failures and lost agents: :meth:`_lose_silent_agents`, :meth:`_find_returning`,
       :meth:`_fail_not_taken_up`, :meth:`_settle_returning`, :meth:`_wait_out_backoff`,
       :meth:`_explain_crash_loop`.
+    * R11 warm before demand: :meth:`_warm_ahead` (with :func:`warm_ahead`), :func:`speculative`
+      and :func:`warm_evicted` in :meth:`_place`, :meth:`_make_room`, :meth:`_planning_order`,
+      :meth:`_explain_warm_ahead`; the ramp is R7's (``fleet.planning.scaling``).
     * R10 rolling replacement: :meth:`_roll`; deleted models drain: :meth:`_drain_deleted`
       (both in ``fleet.planning.rolling``).
     * Beyond the list: :meth:`_count_desired` (min, max, schedule windows, demand, stopped
