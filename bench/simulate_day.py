@@ -39,7 +39,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
 from fleet.simulation import SimConfig, Simulator, parse_fleet  # noqa: E402
 from fleet.simulation.referee import POLICIES, ROWS, ahead, plot_policies, policy_rows, referee, totals  # noqa: E402

@@ -13,7 +13,8 @@ requests runs in well under a minute. Pure Python and numpy: no database (except
     report.totals["gpu_hours"], report.totals["slo_attainment"]
 
 Parts: :mod:`.catalog` (models, latency model, cluster settings, fleet specs, catalog files),
-:mod:`.engine` (the event loop and the in-memory shell), :mod:`.report` (report, baseline
+:mod:`.engine` (the event loop and the in-memory shell, with :mod:`.runtime`, :mod:`.shortcuts`
+and :mod:`.warming`), :mod:`.report` (report, baseline
 comparison, plot), :mod:`.peers` (the policies of Ollama/llama-swap and Kubernetes' HPA with
 KEDA, as controllers) and :mod:`.referee` (every policy on one trace). ``manage.py llmgw
 simulate`` is the command line.

@@ -52,144 +52,29 @@ import heapq
 import itertools
 import math
 import time as wallclock
-from array import array
-from collections import deque
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-import numpy as np
 
 from catalog.schedules import active_window, describe, window_interval
 from fleet.planning import planner, warmth
-from fleet.planning.routing import RecentRoutes, RouteKeys, choose
-from fleet.planning.scaling import TREND_STEP_S, Load, ScalingPolicy, ScalingState, evaluate, ramp_applies
-from fleet.simulation.catalog import AgentSpec, Catalog, ModelSpec
+from fleet.planning.routing import RouteKeys, choose
+from fleet.planning.scaling import Load, ScalingPolicy
+from fleet.simulation.catalog import AgentSpec, Catalog
 from fleet.simulation.config import SimConfig
 from fleet.simulation.loads import POLL, LoadReports
-from fleet.simulation.prefixes import PrefixCache, prefix_hash
+from fleet.simulation.prefixes import prefix_hash
+from fleet.simulation.runtime import INF, SimModel, SimReplica
+from fleet.simulation.shortcuts import Shortcuts
+from fleet.simulation.warming import WARMTH, Warming
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, ReplicaState, check_transition
 from fleet.simulation.traces import Trace
 
 S = ReplicaState
-INF = float("inf")
-FOREVER = datetime.max.replace(tzinfo=UTC)
 _ACK, _READY, _STOPPED = 0, 1, 2
-#: A model's predicted warm span may have moved (control events of kind ``_WARMTH`` carry a model).
-_WARMTH = 9
 
 
-class _Rep:
-    """A simulated replica."""
-
-    __slots__ = ("id", "model", "agent_id", "gpus", "cpu_cores", "memory_mib", "state", "changed_dt",
-                 "placed_at", "last_used", "in_flight", "running", "queue", "alive", "view", "view_key",
-                 "cache")
-
-    def __init__(self, rid: int, model: _Model, action: planner.Place, t: float, now: datetime) -> None:
-        self.id = rid
-        self.model = model
-        self.agent_id = action.agent_id
-        self.gpus = tuple(action.gpu_indices)
-        self.cpu_cores = action.cpu_cores
-        self.memory_mib = action.memory_mib
-        self.state = S.PLACING
-        self.changed_dt = now
-        self.placed_at = t
-        self.last_used: float | None = None  # never told
-        self.in_flight = 0  # running + waiting at this engine
-        self.running = 0
-        self.queue: deque = deque()  # (arrival_s, ttft_service_s, duration_s)
-        self.alive = True
-        self.view: planner.ReplicaView | None = None
-        self.view_key: tuple | None = None
-        self.cache = PrefixCache(model.cache_slots)
-
-
-class _Model:
-    """A catalog model's runtime state, the fleet's memory of it, and its counters."""
-
-    def __init__(self, index: int, spec: ModelSpec) -> None:
-        self.index = index
-        self.id = index + 1
-        self.spec = spec
-        lat = spec.latency
-        self.slots = lat.slots
-        self.ttft_base_s = lat.ttft_base_ms / 1000.0
-        self.prefill_s = lat.prefill_ms_per_token / 1000.0
-        self.tpot_s = lat.tpot_ms / 1000.0
-        self.slo_s = lat.slo_ttft_ms / 1000.0
-        self.profile = (planner.ProfileView(self.id, spec.gpus_needed, spec.gpu_memory_mib)
-                        if spec.gpus_needed else
-                        planner.ProfileView(self.id, 0, 0, spec.cpu_cores, spec.memory_mib))
-        self.reps: list[_Rep] = []  # holding resources
-        self.ready: list[_Rep] = []
-        self.coming_up = 0
-        self.active = 0  # placing, starting or ready
-        self.held: deque = deque()  # (arrival_s, ttft_service_s, duration_s, prefix or None)
-        self.policy = spec.routing_policy
-        self.cache_slots = spec.prefix_cache_slots
-        self.recent = RecentRoutes()
-        #: The gateway's per-model turn counter (``fleet.live.route``): ties among equally
-        #: loaded replicas rotate. Counted for requests with a prefix only: the fast path of
-        #: those without one keeps ties to the first (module docstring of :mod:`.prefixes`).
-        self.turns = itertools.count()
-        # Fleet memory (ModelState).
-        self.wanted_s: float | None = None
-        self.wanted_dt: datetime | None = None
-        self.extra = 0
-        self.busy_since: datetime | None = None
-        self.quiet_since: datetime | None = None
-        self.observed: int | None = None
-        self.crowded_since: datetime | None = None
-        self.trend = None
-        self.unservable = False
-        self.window_min: int | None = None
-        self.window_max: int | None = None
-        #: Warm before demand (R11): the next window to start, the arrival profile, the
-        #: epoch hour of the last request it has seen, and the prediction in force with the
-        #: simulated second until which it holds.
-        self.next_window: warmth.UpcomingWindow | None = None
-        self.arrivals = warmth.ArrivalProfile()
-        self.asked_hour: int | None = None
-        self.predicted: warmth.Prediction | None = None
-        self.predicted_until_s = -INF
-        self.warm_evicted_dt: datetime | None = None
-        #: Its replicas' cold start as the planner knows it: the spec's, as measured on the
-        #: days before the trace (a cluster that has been running; cf. ``warm_start``).
-        self.cold_start = warmth.ColdStart(spec.cold_start_s, warmth.RECENT_STARTS)
-        self.view: planner.ModelView | None = None
-        self.view_key: tuple | None = None
-        #: The view and counts a pass last found quiet, and until when that holds.
-        self.quiet_view: planner.ModelView | None = None
-        self.quiet_counts = (0, 0)
-        self.quiet_until = FOREVER
-        # Counters.
-        self.requests = 0
-        self.served = 0
-        self.held_count = 0
-        self.hold_s: list[float] = []
-        self.rejected_unservable = 0
-        self.rejected_timeout = 0
-        self.cut_off = 0
-        self.ttft = array("d")
-        self.slo_met = 0
-        self.gpu_s = 0.0
-        self.replica_s = 0.0
-        self.placements = 0
-        self.evictions = 0
-        self.idle_stops = 0
-        self.scale_downs = 0
-        self.steps: list[tuple[float, int, int, str]] = []
-        self.oscillations = 0
-        self.max_active = 0
-        #: Requests routed with a prefix, those that found it cached, the prefill skipped.
-        self.prefix_routed = 0
-        self.prefix_hits = 0
-        self.prefill_tokens_saved = 0
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
-
-
-class Simulator:
+class Simulator(Shortcuts, Warming):
     """One simulation of ``trace`` on ``fleet`` with ``catalog``; :meth:`run` returns the
     raw results (see :mod:`fleet.simulation.report` for the report built from them)."""
 
@@ -223,7 +108,7 @@ class Simulator:
         )
         self.zone = ZoneInfo(cluster.time_zone)
         self.cold_start_timeout_s = cluster.cold_start_timeout_s
-        self.models = [_Model(i, spec) for i, spec in enumerate(catalog.models)]
+        self.models = [SimModel(i, spec) for i, spec in enumerate(catalog.models)]
         self.by_id = {m.id: m for m in self.models}
         by_name = {m.spec.name: m for m in self.models}
         # Trace model index → simulated model (None: not in the catalog; the gateway 404s).
@@ -236,7 +121,7 @@ class Simulator:
                            for i, a in enumerate(fleet)}
         self._agents: tuple[planner.AgentView, ...] = ()
         self._agents_seen = -INF
-        self.live: dict[int, _Rep] = {}
+        self.live: dict[int, SimReplica] = {}
         self._rid = itertools.count(1)
         self._seq = itertools.count()
         self.completions: list = []  # (t, seq, replica)
@@ -244,10 +129,10 @@ class Simulator:
         self.next_tick = 0.0
         self.requested = INF
         self.last_pass = -INF
-        self.holding: set[_Model] = set()
+        self.holding: set[SimModel] = set()
         #: Models a pass may have to decide something for (the others are provably left alone).
-        self.hot: set[_Model] = set(self.models)
-        self.draining: dict[int, _Rep] = {}
+        self.hot: set[SimModel] = set(self.models)
+        self.draining: dict[int, SimReplica] = {}
         # Fleet-wide results.
         self.gpus_held = 0
         self.gpu_timeline: list[tuple[float, int]] = [(0.0, 0)]
@@ -314,68 +199,6 @@ class Simulator:
             m.next_window = next((up for at, up in self.window_starts[m.index] if at > t), None)
             self.hot.add(m)
 
-    # --- Warm before demand: arrival profiles and predictions ------------------------------
-
-    def _learn_history(self, history: Trace | None) -> None:
-        """Arrival profiles of the on-demand models from ``history`` (requests before the
-        trace's start: the weeks a running cluster has seen), then a prediction event for
-        every model with a profile, at 0 s."""
-        if history is not None and len(history):
-            by_name = {m.spec.name: m for m in self.models if m.spec.on_demand}
-            hours = np.floor((history.t_s + history.start.timestamp()) / 3600).astype(np.int64)
-            keys = np.unique(hours * 100_000 + history.model.astype(np.int64))
-            asked: dict[int, list[datetime]] = {}
-            for key in keys.tolist():
-                name = history.names[key % 100_000]
-                if name in by_name:
-                    asked.setdefault(by_name[name].index, []).append(
-                        datetime.fromtimestamp((key // 100_000) * 3600, UTC))
-            for index, when in asked.items():
-                self.models[index].arrivals = warmth.learn(warmth.ArrivalProfile(), when, self.start, self.zone)
-        for m in self.models:
-            if m.spec.on_demand:
-                heapq.heappush(self.control, (0.0, next(self._seq), _WARMTH, m))
-
-    def _asked(self, m: _Model, t: float) -> None:
-        """A request for on-demand ``m`` arrived at ``t``: its profile sees the hour
-        (``fleet.control.reconciler`` observes it at every pass; here once an hour is enough)."""
-        hour = math.floor((self.start_ts + t) / 3600)
-        if hour != m.asked_hour:
-            m.asked_hour = hour
-            at = self.at(t)
-            before = m.arrivals
-            m.arrivals = warmth.observe(before, at, at, self.zone)
-            if m.arrivals.seen != before.seen or m.arrivals.asked != before.asked:
-                m.predicted_until_s = -INF  # hours closed: predict afresh at the next look
-                heapq.heappush(self.control, (t, next(self._seq), _WARMTH, m))
-
-    def _predict(self, m: _Model, t: float) -> None:
-        """Recompute ``m``'s prediction if it may have moved (an hour boundary of its
-        look-ahead or look-back passed, or its profile changed) and schedule the next look;
-        a changed one puts the model in the next pass."""
-        if t < m.predicted_until_s:
-            return
-        now = self.at(t)
-        lead = warmth.lead_s(m.cold_start)
-        idle = m.spec.idle_timeout_s or self.policy.default_idle_timeout_s
-        profile = warmth.observe(m.arrivals, now, None, self.zone)
-        m.arrivals = profile
-        predicted = warmth.predict(profile, now, self.zone, lead, idle)
-        if predicted != m.predicted:
-            m.predicted = predicted
-            self.hot.add(m)
-        base = self.start_ts + t
-        ahead = (math.floor((base + lead) / 3600) + 1) * 3600 - lead
-        behind = (math.floor((base - idle) / 3600) + 1) * 3600 + idle
-        until = min(ahead, behind) - self.start_ts
-        if predicted is not None:
-            for edge in (predicted.warm_from, predicted.until):
-                at = (edge - self.start).total_seconds()
-                if at > t:
-                    until = min(until, at)
-        m.predicted_until_s = until
-        heapq.heappush(self.control, (until, next(self._seq), _WARMTH, m))
-
     # --- The loop -------------------------------------------------------------------------
 
     def run(self) -> RawResult:
@@ -432,7 +255,7 @@ class Simulator:
                 if tk > end:
                     break
                 t, _, kind, r = heappop(control)
-                if kind == _WARMTH:
+                if kind == WARMTH:
                     if r.predicted_until_s <= t:
                         self._predict(r, t)
                 elif kind >= POLL:
@@ -471,7 +294,7 @@ class Simulator:
         self._finish(end)
         return RawResult(self, wallclock.perf_counter() - started)
 
-    def _route(self, m: _Model, t: float, arrival: float, ttft_s: float, dur: float,
+    def _route(self, m: SimModel, t: float, arrival: float, ttft_s: float, dur: float,
                prefix: tuple[int, int] | None = None) -> None:
         """Send a request to a ready replica: without a ``prefix`` (``(hash, tokens)``) the one
         with the fewest in flight (ties: the first), else by the model's policy
@@ -516,7 +339,7 @@ class Simulator:
         else:
             r.queue.append((arrival, ttft_s, dur))
 
-    def _no_ready_replica(self, m: _Model, t: float, ttft_s: float, dur: float,
+    def _no_ready_replica(self, m: SimModel, t: float, ttft_s: float, dur: float,
                           prefix: tuple[int, int] | None) -> None:
         """The gateway's cold path: hold (and want, for an on-demand model) or answer 503."""
         if m.spec.on_demand:
@@ -527,13 +350,13 @@ class Simulator:
         else:
             m.rejected_unservable += 1
 
-    def _hold(self, m: _Model, t: float, ttft_s: float, dur: float, prefix: tuple[int, int] | None) -> None:
+    def _hold(self, m: SimModel, t: float, ttft_s: float, dur: float, prefix: tuple[int, int] | None) -> None:
         m.held.append((t, ttft_s, dur, prefix))
         m.held_count += 1
         self.holding.add(m)
         self.hot.add(m)
 
-    def _want(self, m: _Model, t: float) -> None:
+    def _want(self, m: SimModel, t: float) -> None:
         """``fleet.control.demand.want``: wanted now, a failed placement forgotten, a pass at once.
         While a replica of the model is already on its way, the pass this would request
         decides nothing new for it, so the simulator leaves it to the next tick."""
@@ -550,7 +373,7 @@ class Simulator:
 
     # --- Agents ---------------------------------------------------------------------------
 
-    def _ready(self, t: float, r: _Rep) -> None:
+    def _ready(self, t: float, r: SimReplica) -> None:
         if r.state not in COMING_UP:
             return  # stopped before it became ready
         check_transition(r.state, S.READY)
@@ -571,7 +394,7 @@ class Simulator:
             self._route(m, t, arrival, ttft_s, dur, prefix)
         self.holding.discard(m)
 
-    def _stopped(self, t: float, r: _Rep) -> None:
+    def _stopped(self, t: float, r: SimReplica) -> None:
         check_transition(r.state, S.STOPPED)
         r.state = S.STOPPED
         m = r.model
@@ -581,7 +404,7 @@ class Simulator:
         self._release(t, r)
         self._request_pass(t)  # fleet.control.reports: a stopped replica frees room, so a pass runs
 
-    def _release(self, t: float, r: _Rep) -> None:
+    def _release(self, t: float, r: SimReplica) -> None:
         m = r.model
         held_s = t - r.placed_at
         m.gpu_s += held_s * m.spec.gpus_needed
@@ -589,7 +412,7 @@ class Simulator:
         self.gpus_held -= m.spec.gpus_needed
         self.gpu_timeline.append((t, self.gpus_held))
 
-    def _cut_off(self, r: _Rep) -> None:
+    def _cut_off(self, r: SimReplica) -> None:
         """The engine stops: whatever is still in flight there is lost."""
         r.model.cut_off += r.in_flight
         r.alive = False
@@ -636,110 +459,13 @@ class Simulator:
             if not held:
                 self.holding.discard(m)
 
-    def _included(self, t: float) -> list[_Model]:
-        """The models this pass puts in the snapshot, in catalog order; demand kept alive
-        by use first (``fleet.control.usage.keep_demand_alive``)."""
-        out, cold = [], []
-        for m in self.hot:
-            if m.wanted_s is not None:
-                for r in m.reps:
-                    used = t if r.in_flight else r.last_used
-                    if used is not None and used > m.wanted_s:
-                        m.wanted_s, m.wanted_dt = used, None
-            if self.controller is not None:
-                left = self.controller.leave_out(m.spec, len(m.reps), m.wanted_s is not None, bool(m.held))
-            else:
-                left = self._leave_out(m, t)
-            (cold if left else out).append(m)
-        for m in cold:
-            self.hot.discard(m)
-        out.sort(key=lambda m: m.index)
-        return out
-
-    def _leave_out(self, m: _Model, t: float) -> bool:
-        """True when ``plan()`` provably decides nothing for ``m`` (module docstring): no
-        demand, nothing held, no prediction, default scaling memory, and either cold
-        (nothing active, a floor of 0) or fixed-size with all its replicas (not on demand,
-        max ≤ min) — floor and max as pre-warm makes them now (``planner.warm_ahead``)."""
-        if (m.held or m.wanted_s is not None or m.extra or m.busy_since is not None or m.quiet_since is not None
-                or m.crowded_since is not None or m.unservable or m.trend is not None or m.predicted is not None):
-            return False
-        if m.next_window is not None and self.policy.prewarm_windows:
-            view = planner.warm_ahead(self._model_view(m), self.policy, self.at(t))
-            low, ceiling = planner.min_replicas_now(view), planner.ceiling_now(view)
-        else:
-            low = m.window_min if m.window_min is not None else m.spec.min_replicas
-            ceiling = m.window_max if m.window_max else m.spec.max_replicas
-        if m.active == 0 and low == 0:
-            return True
-        if not m.spec.on_demand:
-            return ceiling <= low and m.active == low
-        return False
-
-    def _quiet(self, included: list[_Model], now: datetime) -> bool:
-        """True when ``plan()`` would neither act nor change what is stored, by the
-        planner's own rules (``base_replicas``, ``desired_replicas``, ``scaling.evaluate``,
-        called as ``plan()`` calls them): nothing draining may stop, and for every model
-        in the snapshot the scaling memory stays, no step is taken, demand is not over,
-        and its active replicas are exactly the desired ones. Then the pass is skipped;
-        ``check_pruning`` runs ``plan()`` anyway and asserts it did nothing."""
-        policy = self.policy
-        grace = policy.drain_grace_s
-        for r in self.draining.values():
-            if r.in_flight == 0 or (now - r.changed_dt).total_seconds() >= grace:
-                return False
-        for m in included:
-            if m.unservable:
-                return False
-            view = planner.warm_ahead(self._model_view(m), policy, now)
-            if m.quiet_view is view and m.quiet_counts == (m.coming_up, m.active) and now < m.quiet_until:
-                continue  # nothing it depends on moved, and none of its timers is due
-            base = planner.base_replicas(view, policy, now)
-            if view.on_demand and view.wanted_at is not None and base == 0 and planner.min_replicas_now(view) == 0:
-                return False
-            state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since, m.trend)
-            step = evaluate(base, planner.ceiling_now(view), view.load, view.measured_per_replica, m.coming_up > 0,
-                            state, now, policy.scaling, m.cold_start.estimate_s)
-            if step.moved or step.state != state:
-                return False
-            if planner.desired_replicas(view, policy, now) != m.active:
-                return False
-            m.quiet_view, m.quiet_counts, m.quiet_until = view, (m.coming_up, m.active), self._next_timer(view, now)
-        return True
-
-    def _next_timer(self, view: planner.ModelView, now: datetime) -> datetime:
-        """The next instant at which the planner's verdict on an unchanged ``view`` may
-        change by the clock alone: its idle timeout running out, or its busy or quiet timer
-        reaching scale-up-after or scale-down-after. Timers already run out stay so."""
-        policy = self.policy
-        due = []
-        if view.on_demand and view.wanted_at is not None:
-            due.append(view.wanted_at + timedelta(seconds=planner.idle_timeout_s(view, policy)))
-        if view.busy_since is not None:
-            due.append(view.busy_since + timedelta(seconds=policy.scaling.scale_up_after_s))
-        if view.quiet_since is not None:
-            due.append(view.quiet_since + timedelta(seconds=policy.scaling.scale_down_after_s))
-        if view.crowded_since is not None:
-            due.append(view.crowded_since + timedelta(seconds=policy.scaling.scale_up_after_s))
-        if view.next_window is not None and policy.prewarm_windows:
-            due.append(view.next_window.starts_at)
-            due.append(view.next_window.starts_at - timedelta(seconds=warmth.lead_s(planner.cold_start_of(view, policy))))
-        if view.predicted is not None:
-            due += [view.predicted.warm_from, view.predicted.until]
-        trend = view.trend
-        if trend is not None and ramp_applies(planner.cold_start_of(view, policy).estimate_s, policy.scaling):
-            due.append(trend.at + timedelta(seconds=TREND_STEP_S))
-            if trend.rising_since is not None:
-                due.append(trend.rising_since + timedelta(seconds=policy.scaling.scale_up_after_s))
-        return min((d for d in due if d > now), default=FOREVER)
-
-    def _load(self, m: _Model) -> tuple[int, int | None, int | None] | None:
+    def _load(self, m: SimModel) -> tuple[int, int | None, int | None] | None:
         """``fleet.control.snapshot._loads`` at this pass: over ready replicas, from engine
         metrics when the profile declares them, else in-flight counts as running with
         nothing waiting — as the report path delivers them (:mod:`.loads`)."""
         return self.loads.load(m, self.last_pass)
 
-    def _model_view(self, m: _Model) -> planner.ModelView:
+    def _model_view(self, m: SimModel) -> planner.ModelView:
         if m.wanted_s is not None and m.wanted_dt is None:
             m.wanted_dt = self.at(m.wanted_s)
         load = self._load(m)
@@ -761,7 +487,7 @@ class Simulator:
             m.view_key = key
         return m.view
 
-    def _replica_view(self, r: _Rep, t: float, fresh: bool) -> planner.ReplicaView:
+    def _replica_view(self, r: SimReplica, t: float, fresh: bool) -> planner.ReplicaView:
         """As the gateway reports it: last use (``now`` while requests are in flight; None if
         never used) and the in-flight count. A replica of a model left out of the pass only
         needs its state and resources right, so its view is rebuilt when the state moves."""
@@ -789,7 +515,7 @@ class Simulator:
                 for i, a in enumerate(self.fleet))
         return self._agents
 
-    def _snapshot(self, t: float, now: datetime, included: list[_Model], full: bool = False) -> planner.Snapshot:
+    def _snapshot(self, t: float, now: datetime, included: list[SimModel], full: bool = False) -> planner.Snapshot:
         """``fleet.control.snapshot.load_snapshot`` for ``included`` models (every model if
         ``full``) and every replica holding resources."""
         models = self.models if full else included
@@ -799,34 +525,13 @@ class Simulator:
         return planner.Snapshot(self.policy, self._agent_views(t), tuple(self._model_view(m) for m in models),
                                 replicas)
 
-    def _check(self, t: float, now: datetime, result: planner.Plan | None, included: list[_Model]) -> None:
-        """Plan on the full snapshot too and assert the shortcuts changed nothing: the same
-        actions, the same outcome for every model in the pass, and no change at all for the
-        models left out (or for any model, after a pass skipped as quiet)."""
-        expected = planner.plan(self._snapshot(t, now, included, full=True), now)
-        actions = [] if result is None else result.actions
-        if expected.actions != actions:
-            raise AssertionError(f"at {t:.3f} s the shortcut planned {actions}, the full pass {expected.actions}")
-        for m in self.models:
-            b = expected.models[m.id]
-            if result is not None and m in included:
-                a = result.models[m.id]
-                if (a.desired, a.unservable, a.forget_demand, a.scaling, a.scaled) != (
-                        b.desired, b.unservable, b.forget_demand, b.scaling, b.scaled):
-                    raise AssertionError(f"at {t:.3f} s {m.spec.name}: shortcut {a} != full {b}")
-            elif (b.scaled or b.forget_demand or b.unservable != m.unservable or b.desired != m.active
-                  or b.scaling != ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since,
-                                               m.trend)):
-                raise AssertionError(f"at {t:.3f} s the full pass changed {m.spec.name}, which the shortcut "
-                                     f"left alone: {b}")
-
-    def _apply(self, result: planner.Plan, t: float, now: datetime, included: list[_Model]) -> None:
+    def _apply(self, result: planner.Plan, t: float, now: datetime, included: list[SimModel]) -> None:
         """``fleet.control.reconciler.apply_plan`` in memory."""
         warm = self.config.warm_start and t == 0.0
         for action in result.actions:
             if isinstance(action, planner.Place):
                 m = self.by_id[action.model_id]
-                r = _Rep(next(self._rid), m, action, t, now)
+                r = SimReplica(next(self._rid), m, action, t, now)
                 self.live[r.id] = r
                 m.reps.append(r)
                 m.coming_up += 1
@@ -907,7 +612,7 @@ class Simulator:
             if new == S.LOST:
                 r.state = S.STOPPING  # nothing goes silent here; treat it as a stop
 
-    def _record_step(self, m: _Model, t: float, scaled: tuple[int, int, str]) -> None:
+    def _record_step(self, m: SimModel, t: float, scaled: tuple[int, int, str]) -> None:
         before, after, why = scaled
         if m.steps:
             last_t, last_from, last_to, _ = m.steps[-1]

@@ -33,8 +33,10 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-#: The engine's Simulator, _Model and _Rep (it imports this module, so not named here).
-Simulator = _Model = _Rep = Any
+from fleet.simulation.runtime import SimModel, SimReplica
+
+#: The engine's Simulator (it imports this module, so not named here).
+Simulator = Any
 
 #: The kinds of report events in the simulator's control queue (after its own 0..2).
 POLL, HEARTBEAT, FLUSH = 3, 4, 5
@@ -97,25 +99,25 @@ class LoadReports:
                         self.flushed[r.id] = (r.in_flight, t)
             self._at(t + cfg.usage_flush_interval_s, FLUSH)
 
-    def ready(self, t: float, r: _Rep) -> None:
+    def ready(self, t: float, r: SimReplica) -> None:
         """A replica became ready: its agent reads the engine's metrics at once (and reports
         them in a status, since they changed from unknown)."""
         if self.mode != "instant" and r.model.spec.engine_metrics:
             self._poll(t, r)
 
-    def _poll(self, t: float, r: _Rep) -> None:
+    def _poll(self, t: float, r: SimReplica) -> None:
         value = (r.running, len(r.queue))
         self.read[r.id] = value
         if value != self.sent.get(r.id):  # a status goes out: the value changed
             self.sent[r.id] = value
             self.stored[r.id] = (*value, t)
 
-    def gone(self, r: _Rep) -> None:
+    def gone(self, r: SimReplica) -> None:
         """Forget a stopped replica."""
         for table in (self.read, self.sent, self.stored, self.flushed):
             table.pop(r.id, None)
 
-    def load(self, m: _Model, t: float) -> tuple[int, int | None, int | None] | None:
+    def load(self, m: SimModel, t: float) -> tuple[int, int | None, int | None] | None:
         """``fleet.control.snapshot._loads`` for ``m`` at ``t``: (ready replicas, running,
         waiting), each count None when a replica's report is missing or stale; None without
         a ready replica."""

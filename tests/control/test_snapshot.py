@@ -190,7 +190,7 @@ def test_the_snapshot_carries_each_models_measured_cold_start_and_the_default_ot
 
     a = agent("a")
     m = make_model("m", min_replicas=1)
-    fresh = make_model("fresh", min_replicas=1)
+    make_model("fresh", min_replicas=1)
     for seconds in (30, 40, 50, 200):
         replica(m, a, state="stopped", cold_start_s=seconds)
     views = {v.name: v for v in load_snapshot(timezone.now()).models}
