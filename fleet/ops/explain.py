@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from catalog.models import Benchmark, ClusterSettings, Model, limits_info
 from catalog.schedules import active_window, describe, next_start
-from fleet.control.snapshot import recent_cold_starts
 from fleet.models import ModelState, QueueReport, Replica, ScalingEvent
 from fleet.ops import cluster as read
 from fleet.planning import routing, warmth
@@ -74,11 +73,10 @@ def cold_start_info(model: Model, cluster: ClusterSettings) -> dict:
     JSON-ready: ``estimate_s`` (p90 of recent starts, else the cluster's default),
     ``samples`` (0: the default), ``text``, and ``by_agent``: agents whose own p90 (from
     :data:`AGENT_MIN_STARTS` starts or more) differs by :data:`AGENT_DIFFERS` or more."""
-    start = warmth.cold_start(recent_cold_starts(fresh=True).get((model.pk, model.profile_id), []),
-                              float(cluster.default_cold_start_s))
+    rows = list(Replica.objects.filter(model=model, profile_id=model.profile_id, cold_start_s__isnull=False)
+                .order_by("-id").values_list("agent__name", "cold_start_s")[:200])
+    start = warmth.cold_start([seconds for _, seconds in rows], float(cluster.default_cold_start_s))
     per_agent: dict[str, list[float]] = defaultdict(list)
-    rows = (Replica.objects.filter(model=model, profile_id=model.profile_id, cold_start_s__isnull=False)
-            .order_by("-id").values_list("agent__name", "cold_start_s")[:200])
     for agent, seconds in rows:
         if len(per_agent[agent]) < warmth.RECENT_STARTS:
             per_agent[agent].append(seconds)

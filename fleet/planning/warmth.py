@@ -57,6 +57,10 @@ PRIOR_WEEKS = 1.0
 #: How many closed hours one observation may fill in (a worker down for longer than a week
 #: loses the hours before the last week, which a week's cycle would overwrite anyway).
 MAX_CLOSE = SLOTS
+#: How far a run of likely hours is followed each way from now (hours): a model likely at
+#: every hour would otherwise cost a week of look-ups each way at every pass; the run is
+#: looked at again at the next pass, so a longer one only reads as "from … to …" a day off.
+MAX_RUN_HOURS = 24
 
 
 # --- Cold starts ---------------------------------------------------------------------------
@@ -296,7 +300,8 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
     ``lead`` seconds before its first hour until its last hour's end plus
     ``idle_timeout_s`` — the idle timeout counting from the run's end as it would from a
     last request. Runs are contiguous likely hours (at most a week); the one found is the
-    latest whose warm span holds ``now``."""
+    latest whose warm span holds ``now``; a run is followed at most :data:`MAX_RUN_HOURS`
+    each way from now."""
     if profile is None or profile.empty:
         return None
     # Hours whose run could hold now: from the idle timeout (and the hour) back, to the lead ahead.
@@ -310,10 +315,10 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
             continue
         start = h
         # Back to where this run begins (it may have begun before the scan did).
-        while start > first - SLOTS and likely(profile, slot_of(start - 1, tz)):
+        while start > first - MAX_RUN_HOURS and likely(profile, slot_of(start - 1, tz)):
             start -= 1
         end = h + 1
-        while end < start + SLOTS and likely(profile, slot_of(end, tz)):
+        while end < last + MAX_RUN_HOURS and likely(profile, slot_of(end, tz)):
             end += 1
         begin_at = datetime.fromtimestamp(start * 3600, UTC)
         run_end = datetime.fromtimestamp(end * 3600, UTC)
@@ -322,6 +327,7 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
         if warm_from <= now < until:
             local_from, local_to = begin_at.astimezone(tz), run_end.astimezone(tz)
             span = (f"{local_from:%H}–{local_to:%H}" if end - start < 24
+                    else "around the clock" if end - start >= 2 * MAX_RUN_HOURS
                     else f"from {local_from:%a %H:00} to {local_to:%a %H:00}")
             found = Prediction(warm_from, run_end, until, (
                 f"usually asked for {_days_words(profile, local_from.hour)} {span}; "

@@ -31,14 +31,14 @@ class Warming:
         every model with a profile, at 0 s."""
         if history is not None and len(history):
             by_name = {m.spec.name: m for m in self.models if m.spec.on_demand}
+            names = len(history.names)
             hours = np.floor((history.t_s + history.start.timestamp()) / 3600).astype(np.int64)
-            keys = np.unique(hours * 100_000 + history.model.astype(np.int64))
+            keys = np.unique(hours * names + history.model.astype(np.int64))  # one per (hour, model)
             asked: dict[int, list[datetime]] = {}
             for key in keys.tolist():
-                name = history.names[key % 100_000]
+                name = history.names[key % names]
                 if name in by_name:
-                    asked.setdefault(by_name[name].index, []).append(
-                        datetime.fromtimestamp((key // 100_000) * 3600, UTC))
+                    asked.setdefault(by_name[name].index, []).append(datetime.fromtimestamp((key // names) * 3600, UTC))
             for index, when in asked.items():
                 self.models[index].arrivals = warmth.learn(warmth.ArrivalProfile(), when, self.start, self.zone)
         for m in self.models:
