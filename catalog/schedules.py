@@ -129,6 +129,23 @@ def next_start(windows: list[Window] | tuple[Window, ...], now: datetime, tz_nam
     return best
 
 
+def starts_between(windows: list[Window] | tuple[Window, ...], now: datetime, until: datetime,
+                   tz_name: str) -> list[tuple[datetime, Window]]:
+    """Every (start instant, window) with ``now < start <= until``, earliest first: the
+    windows a pre-warm lead reaching ``until`` may bring forward, a higher one after a lower
+    one included. Instants as :func:`next_start`'s."""
+    tz = ZoneInfo(tz_name)
+    found = []
+    for offset in range(-1, (until - now).days + 2):
+        day = now.astimezone(tz).date() + timedelta(days=offset)
+        for window in windows:
+            if day.weekday() in window.weekdays:
+                start, _ = window_interval(window, day, tz)
+                if now < start <= until:
+                    found.append((start, window))
+    return sorted(found, key=lambda sw: (sw[0], -sw[1].min_replicas))
+
+
 def _week_minutes(window: Window) -> list[tuple[int, int]]:
     """The window as [start, end) minute ranges of a week (Monday 00:00 = 0), wall clock."""
     s = window.start.hour * 60 + window.start.minute

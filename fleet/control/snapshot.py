@@ -14,7 +14,7 @@ from django.db.models import F, Q, Sum, Window
 from django.db.models.functions import RowNumber
 
 from catalog.models import Benchmark, ClusterSettings, Model, ScheduleWindow
-from catalog.schedules import active_window, describe, next_start
+from catalog.schedules import active_window, describe, next_start, starts_between
 from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, Gpu, ModelState, QueueReport, Replica, UsageReport
@@ -163,7 +163,6 @@ def load_snapshot(now: datetime, arrivals: dict[int, warmth.ArrivalProfile] | No
     hashes: dict[int, str] = {}
     for m in Model.objects.select_related("profile"):
         window = active_window(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
-        upcoming = next_start(windows[m.id], now, cluster.time_zone) if windows.get(m.id) else None
         p = m.profile
         profile = None
         if p is not None:
@@ -175,6 +174,7 @@ def load_snapshot(now: datetime, arrivals: dict[int, warmth.ArrivalProfile] | No
         fails = [f for f in failures.get(m.id, []) if not f.spec_hash or f.spec_hash == hashes[m.id]]
         starts = recent.get((m.id, m.profile_id))
         start = warmth.cold_start(starts or [], float(cluster.default_cold_start_s))
+        upcoming = _upcoming(windows.get(m.id), now, cluster.time_zone, warmth.lead_s(start))
         predicted = None
         if m.on_demand and not m.is_external:
             stored = warmth.ArrivalProfile.from_json(state.arrivals) if state else warmth.ArrivalProfile()
@@ -225,6 +225,18 @@ def load_snapshot(now: datetime, arrivals: dict[int, warmth.ArrivalProfile] | No
         for r in replica_rows
     )
     return planner.Snapshot(_policy(cluster, now), agents, tuple(models), replicas)
+
+
+def _upcoming(windows, now: datetime, tz_name: str, lead_s: float):
+    """The window pre-warm looks at (R11): of those starting within the lead, the one with
+    the highest min (a higher window opening soon after a lower one is brought forward in
+    time too); else the next to start. (start, window), or None."""
+    if not windows:
+        return None
+    soon = starts_between(windows, now, now + timedelta(seconds=lead_s), tz_name)
+    if soon:
+        return max(soon, key=lambda sw: (sw[1].min_replicas, -sw[0].timestamp()))
+    return next_start(windows, now, tz_name)
 
 
 def proved_stable(now: datetime, horizon: datetime) -> dict[int, datetime]:

@@ -112,6 +112,8 @@ def desired_replicas(model: ModelView, policy: Policy, now: datetime) -> int:
     base = base_replicas(model, policy, now)
     if base == 0:
         return 0
+    if speculative(model, policy, now):
+        return 1  # a guess is one replica, whatever load scaling had added (R11)
     return min(base + model.extra_replicas, max(ceiling_now(model), base))
 
 

@@ -403,14 +403,15 @@ class PlanningPass(TransitionRules):
         placed_here: dict[int, int] = defaultdict(int)
         placed = 0
         for _ in range(missing):
-            if speculative(m, self.policy, self.now) and warm_evicted(m):
-                outcome.reason = "not kept warm ahead again: its replica was evicted for a wanted model in this run"
+            guess = speculative(m, self.policy, self.now)
+            if guess and warm_evicted(m):
+                self._not_kept_warm(m, outcome, "its replica was evicted for a wanted model in this run")
                 break
             fits, reasons = self._candidate_rooms(m, active, placed_here)
-            if not fits and speculative(m, self.policy, self.now):
+            if not fits and guess:
                 # A prediction takes only room nobody wants (R11): no wait, no eviction, and
                 # nobody is told it is unservable — nobody asked.
-                outcome.reason = f"not kept warm ahead: no free room ({_group_reasons(reasons, 3)})"
+                self._not_kept_warm(m, outcome, f"no free room ({_group_reasons(reasons, 3)})")
                 break
             if not fits:
                 waiting_for = self._room_being_freed(m)
@@ -434,6 +435,15 @@ class PlanningPass(TransitionRules):
             n = len(active) + placed
             outcome.reason = self._place_at(m, agent_id, gpus,
                                             lambda where: f"placed on {where}: {n} of {self.desired[m.id]} wanted")
+
+    def _not_kept_warm(self, m: ModelView, outcome: ModelOutcome, why: str) -> None:
+        """A guess placed nothing: it wants what it has (nothing shows it "loading", nothing
+        waits for it) and says why, with the habit it would have kept warm (R11)."""
+        assert m.predicted is not None
+        outcome.reason = f"not kept warm ahead ({m.predicted.words}): {why}"
+        outcome.warm_ahead = ""
+        outcome.speculative = False
+        self.desired[m.id] = outcome.desired = len(self._active(m.id))
 
     def _place_at(self, m: ModelView, agent_id: int, gpus: tuple[int, ...], reason_for: Callable[[str], str]) -> str:
         """Place one replica of ``m`` on ``agent_id`` (GPUs ``gpus`` from :meth:`Room.fit`),
@@ -558,6 +568,15 @@ class PlanningPass(TransitionRules):
         candidates.sort(key=lambda c: c[:3])
 
         trial = {aid: replace(room, free_gpus=dict(room.free_gpus)) for aid, room in self.rooms.items()}
+        # Room already on its way back (draining, stopping, not awaited by another model) counts
+        # too: fewer evictions, and a guess evicted beside a draining replica makes room where
+        # neither alone would.
+        releasing: dict[int, list[int]] = defaultdict(list)
+        for r in self.snapshot.replicas:
+            if states[r.id] in RELEASING and r.id not in self.claimed and r.agent_id in trial \
+                    and not self.unusable.get(r.agent_id):
+                trial[r.agent_id].give_back(r)
+                releasing[r.agent_id].append(r.id)
         chosen: dict[int, list[tuple[ReplicaView, float | None]]] = defaultdict(list)
         for _, _, _, r, idle in candidates:
             if left[r.model_id] - 1 < min_replicas_now(models[r.model_id]):
@@ -567,6 +586,7 @@ class PlanningPass(TransitionRules):
             chosen[r.agent_id].append((r, idle))
             _, why = trial[r.agent_id].fit(m.profile)
             if why is None:
+                self.claimed.update(releasing[r.agent_id])
                 return self._evict(m, chosen[r.agent_id])
         return None
 
@@ -633,10 +653,14 @@ class PlanningPass(TransitionRules):
         policy, now, states, by_model = self.policy, self.now, self.states, self.by_model
         scaled_models = []
         for m in self.snapshot.models:
-            base = base_replicas(m, policy, now) if not policy.stopped else 0
+            # A guess is one replica, never scaled by load (R11); once used it is wanted and scales.
+            guess = speculative(m, policy, now)
+            base = base_replicas(m, policy, now) if not policy.stopped and not guess else 0
             starting = any(states[r.id] in COMING_UP for r in by_model[m.id])
+            # The ramp projects over a measured cold start only: unknown is not long (R7, R11).
+            measured = m.cold_start.estimate_s if m.cold_start is not None and m.cold_start.measured else None
             step = evaluate(base, ceiling_now(m), m.load, m.measured_per_replica, starting, scaling_state(m),
-                            now, policy.scaling, cold_start_of(m, policy).estimate_s)
+                            now, policy.scaling, measured)
             self.steps[m.id] = step
             extra = step.state.extra
             scaled_models.append(m if extra == m.extra_replicas else replace(m, extra_replicas=extra))
@@ -667,10 +691,15 @@ class PlanningPass(TransitionRules):
     def _cancel_drains(self, m: ModelView, missing: int) -> int:
         """A replica of ``m`` still draining on a usable agent is warm: serving again beats a
         cold start (unless it is outdated, R10). Up to ``missing`` of them, newest first, are
-        ready again; returns how many (docs/architecture.md, R8)."""
+        ready again; returns how many (docs/architecture.md, R8). Not one another model
+        waits for (``claimed``: that would take back the room it was drained for), and never
+        for a model kept warm on a prediction alone (its drain is an eviction, R11)."""
         states, unusable = self.states, self.unusable
+        if speculative(m, self.policy, self.now):
+            return 0  # a guess's drain is an eviction (R11): it stays evicted
         warm = (r for r in self.by_model[m.id]
-                if states[r.id] == S.DRAINING and not r.outdated and not unusable.get(r.agent_id))
+                if states[r.id] == S.DRAINING and not r.outdated and not unusable.get(r.agent_id)
+                and r.id not in self.claimed)
         draining = sorted(warm, key=lambda r: -r.id)[:missing]
         for r in draining:
             self.plan.actions.append(Move(r.id, S.READY, "wanted again: drain cancelled", MoveCause.WANTED_AGAIN))

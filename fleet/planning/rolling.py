@@ -122,6 +122,10 @@ class TransitionRules:
             # The row keeps why it was placed, in words that stay true once the roll is over.
             self.plan.actions[-1] = replace(self.plan.actions[-1], reason=f"placed to replace {name} (a surge)")
             return True
+        evicted = self._make_room(m, others_idle=False)
+        if evicted:  # replicas kept warm on a prediction yield their room to a surge (R11)
+            outcome.reason = f"replacing {name}: a surge once {evicted}"
+            return True
         if m.failures:
             outcome.reason = (f"{len(old)} outdated replica(s) still serving: no room for a surge, and the current "
                               f"spec failed {len(m.failures)} time(s) lately"

@@ -30,12 +30,15 @@ timers — the seed read it as zero, which scales down under a broken metrics en
   comes a cold start too late. The requests in flight are followed by two exponential
   averages (:class:`Trend`: :data:`TREND_FAST_S` and :data:`TREND_SLOW_S`), whose gap is
   the load's slope; when the load is already a real share of the replicas' capacity
-  (:data:`RAMP_FLOOR`), rising, and expected one cold start plus ``scale_up_after_s`` from
-  now to pass :data:`RAMP_TARGET` of it, for ``scale_up_after_s`` in a row, one replica is
-  added ahead of the queue. The averages damp a spike (a burst of seconds barely moves the
-  slow one, and must last ``scale_up_after_s``); a replica added for a rise that stalls is
-  taken back by the quiet rule like any other, and a rising load is never quiet. Without a
-  capacity (measured or seen at saturation) nothing is projected.
+  (:data:`RAMP_FLOOR`), rising, and expected one cold start plus the hold from now to pass
+  :data:`RAMP_TARGET` of it, for the hold (:func:`ramp_hold_s`: :data:`RAMP_HOLD_S` or
+  ``scale_up_after_s``, the longer) in a row, one replica is added ahead of the queue. The
+  averages and the hold damp a spike (a burst of a minute or two is over before the hold);
+  a replica added for a rise that stalls is taken back by the quiet rule like any other —
+  unless the load it stalled at is over R7's headroom for one replica fewer, where the queue
+  rule would keep it too — and a rising load is never quiet. Without a capacity (measured or
+  seen at saturation) nothing is projected; without a measured cold start the rule does not
+  apply (the planner passes none: unknown is not long).
 * Anything else resets all timers.
 """
 
@@ -61,6 +64,10 @@ RAMP_COLD_START_FACTOR = 3.0
 #: of the replicas there are, and only once it is at least ``RAMP_FLOOR`` of it now.
 RAMP_TARGET = 0.85
 RAMP_FLOOR = 0.5
+#: How long a load must be rising before a step ahead, at least (seconds; else
+#: ``scale_up_after_s`` if longer): a burst of a minute or two moves the fast average like a
+#: rise does, and would leave a replica behind it.
+RAMP_HOLD_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,8 @@ class Trend:
                         datetime.fromisoformat(rising) if rising else None)
         except (KeyError, TypeError, ValueError):
             return None
-        if at.tzinfo is None or not (math.isfinite(trend.fast) and math.isfinite(trend.slow)):
+        aware = at.tzinfo is not None and (trend.rising_since is None or trend.rising_since.tzinfo is not None)
+        if not aware or not (math.isfinite(trend.fast) and math.isfinite(trend.slow)):
             return None
         return trend
 
@@ -184,6 +192,11 @@ def _fmt(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
+def ramp_hold_s(policy: ScalingPolicy) -> float:
+    """How long a load must rise before the rising rule steps (seconds)."""
+    return max(RAMP_HOLD_S, policy.scale_up_after_s)
+
+
 def ramp_applies(cold_start_s: float | None, policy: ScalingPolicy) -> bool:
     """Whether the rising rule may step for a model whose replicas take ``cold_start_s``
     to start: the policy allows it and the start is long against the reaction time."""
@@ -223,7 +236,7 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
     rising = ""
     if ramp_applies(cold_start_s, policy):
         trend = follow(state.trend, in_flight, now)
-        rising = _rising(trend, capacity, current, cold_start_s + policy.scale_up_after_s)
+        rising = _rising(trend, capacity, current, cold_start_s + ramp_hold_s(policy))
         since = (trend.rising_since or now) if rising else None
         if since != trend.rising_since:
             trend = replace(trend, rising_since=since)
@@ -246,7 +259,7 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
         return Step(keep(extra, busy_since=state.busy_since))
     if rising and trend is not None and trend.rising_since is not None:
         rising_for = (now - trend.rising_since).total_seconds()
-        if rising_for >= policy.scale_up_after_s and current < ceiling and not starting:
+        if rising_for >= ramp_hold_s(policy) and current < ceiling and not starting:
             trend = replace(trend, rising_since=now)
             return Step(keep(extra + 1), current, current + 1,
                         f"scale up ahead of a rising load: {rising} (for {_fmt(rising_for)})")

@@ -235,7 +235,9 @@ def observe(profile: ArrivalProfile, now: datetime, last_asked_at: datetime | No
     when nothing changed (callers store only a changed one)."""
     hour = epoch_hour(now)
     asked_hour = epoch_hour(last_asked_at) if last_asked_at is not None else None
-    if profile.open_hour is None:
+    if profile.open_hour is None or profile.open_hour > hour + 1:
+        # Never looked at, or an open hour in the future (a clock set back, a damaged row):
+        # open this one, or the profile would wait for that hour and learn nothing until then.
         return ArrivalProfile(profile.asked, profile.seen, hour, asked_hour == hour)
     if hour <= profile.open_hour:
         if asked_hour == profile.open_hour and not profile.open_asked:
@@ -325,12 +327,15 @@ def predict(profile: ArrivalProfile | None, now: datetime, tz: ZoneInfo, lead: f
         warm_from = begin_at - timedelta(seconds=lead)
         until = run_end + timedelta(seconds=idle_timeout_s)
         if warm_from <= now < until:
-            local_from, local_to = begin_at.astimezone(tz), run_end.astimezone(tz)
-            span = (f"{local_from:%H}–{local_to:%H}" if end - start < 24
+            # Named by their slots' local hours, as describe_profile does (a zone half an hour
+            # off UTC reads each hour at its middle).
+            first_slot = slot_of(start, tz)
+            hour_from, hour_to = first_slot % 24, (first_slot + end - start) % 24
+            span = (f"{hour_from:02d}–{hour_to:02d}" if end - start < 24
                     else "around the clock" if end - start >= 2 * MAX_RUN_HOURS
-                    else f"from {local_from:%a %H:00} to {local_to:%a %H:00}")
+                    else f"from {_DAY_NAMES[first_slot // 24][:3]} {hour_from:02d}:00 for {end - start} hours")
             found = Prediction(warm_from, run_end, until, (
-                f"usually asked for {_days_words(profile, local_from.hour)} {span}; "
+                f"usually asked for {_days_words(profile, hour_from)} {span}; "
                 f"warm until {until.astimezone(tz):%H:%M}"))
         h = end
     return found

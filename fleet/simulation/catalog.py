@@ -258,6 +258,17 @@ def _clock(value, where: str) -> time:
         raise ValueError(f"{where}: '{value}' is not a time like 09:00") from None
 
 
+def _seconds(value, where: str) -> float:
+    """A finite number of seconds ≥ 0 (ValueError naming ``where`` otherwise)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{where}: {value!r} is not a number of seconds ≥ 0")
+    return seconds
+
+
 def _check_keys(obj: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(set(obj) - allowed)
     if unknown:
@@ -317,7 +328,7 @@ def model_from_dict(obj: dict, default_cold_start_s: float = 60.0) -> ModelSpec:
         memory_mib=int(obj.get("memory_mib", 0)),
         min_replicas=low, max_replicas=high, on_demand=bool(obj.get("on_demand", False)),
         idle_timeout_s=float(idle) if idle else None, windows=tuple(windows),
-        cold_start_s=float(obj.get("cold_start_s", default_cold_start_s)),
+        cold_start_s=_seconds(obj.get("cold_start_s", default_cold_start_s), f"model {name}: cold_start_s"),
         engine_metrics=bool(obj.get("engine_metrics", True)),
         latency=latency_from(obj.get("benchmark"), obj.get("latency"), f"model {name}"),
         routing_policy=policy, prefix_cache_slots=cache_slots,

@@ -196,8 +196,18 @@ class Simulator(Shortcuts, Warming):
             w = active_window(m.spec.windows, now, self.tz)
             m.window_min = w.min_replicas if w else None
             m.window_max = w.max_replicas if w else None
-            m.next_window = next((up for at, up in self.window_starts[m.index] if at > t), None)
+            m.next_window = self._upcoming(m, t)
             self.hot.add(m)
+
+    def _upcoming(self, m: SimModel, t: float) -> warmth.UpcomingWindow | None:
+        """``fleet.control.snapshot._upcoming``: of the windows starting within the lead,
+        the highest; else the next to start."""
+        lead = warmth.lead_s(m.cold_start)
+        starts = [(at, up) for at, up in self.window_starts[m.index] if at > t]
+        soon = [(at, up) for at, up in starts if at <= t + lead]
+        if soon:
+            return max(soon, key=lambda x: (x[1].min_replicas, -x[0]))[1]
+        return starts[0][1] if starts else None
 
     # --- The loop -------------------------------------------------------------------------
 

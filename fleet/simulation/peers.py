@@ -5,11 +5,12 @@ simulated fleet, engines and gateway; only the deciding differs. Their rules, st
 reader can check the comparison is fair (README, "Simulator"; docs/architecture.md):
 
 **Ollama / llama-swap** (:class:`OllamaLike`): models are loaded when a request asks for
-them and unloaded ``keep_alive`` after their last request — each model's idle timeout,
-five minutes (Ollama's default) where the catalog sets none. When a model must load and no
-GPU is free, the least recently used loaded model with nothing in flight is unloaded
-(Ollama's scheduler waits for a busy one to finish; llama-swap swaps the running model
-out). Requests wait while their model loads — never refused for lack of room, only after
+them and unloaded ``keep_alive`` after their last request — each model's idle timeout, else
+the cluster's default (the operator's intent in Ollama's words, as for the other peers;
+Ollama's own default is five minutes). When a model must load and no
+GPU is free, the least recently used loaded models with nothing in flight are unloaded
+from one machine until it fits (Ollama's scheduler waits for a busy one to finish;
+llama-swap swaps the running model out). Requests wait while their model loads — never refused for lack of room, only after
 the cold-start timeout (Ollama's load timeout is five minutes too). No schedules, no
 scaling: one copy of a model. The models a catalog keeps running (a min above 0) are pinned
 loaded (``keep_alive: -1``) at the count their own peak needs — what an operator without a
@@ -80,10 +81,11 @@ class Controller:
     def plan(self, snapshot: planner.Snapshot, now: datetime) -> planner.Plan:
         raise NotImplementedError
 
-    def leave_out(self, spec: ModelSpec, replicas: int, wanted: bool, held: bool) -> bool:
+    def leave_out(self, spec: ModelSpec, replicas: int, wanted: bool, held: bool, floor: int) -> bool:
         """True when a pass need not see this model: nothing runs, nothing is wanted or
-        held, and it keeps nothing running."""
-        return replicas == 0 and not wanted and not held and spec.min_replicas == 0
+        held, and it keeps nothing running (``floor``: its min now, a window's if one is in
+        force)."""
+        return replicas == 0 and not wanted and not held and floor == 0
 
 
 def _rooms(snapshot: planner.Snapshot) -> dict[int, Room]:
@@ -149,6 +151,7 @@ class OllamaLike(Controller):
 
     def prepare(self, catalog: Catalog, trace) -> Catalog:
         counts = peak_counts(catalog, trace)
+        keep_alive = catalog.cluster.default_idle_timeout_s or OLLAMA_KEEP_ALIVE_S
         models = []
         for spec in catalog.models:
             if spec.min_replicas > 0 and not spec.on_demand:
@@ -156,7 +159,7 @@ class OllamaLike(Controller):
                 models.append(replace(spec, min_replicas=n, max_replicas=n, windows=()))
             else:
                 models.append(replace(spec, on_demand=True, min_replicas=0, max_replicas=1, windows=(),
-                                      idle_timeout_s=spec.idle_timeout_s or OLLAMA_KEEP_ALIVE_S))
+                                      idle_timeout_s=spec.idle_timeout_s or keep_alive))
         return replace(catalog, models=tuple(models))
 
     def plan(self, snapshot: planner.Snapshot, now: datetime) -> planner.Plan:
@@ -193,8 +196,7 @@ class OllamaLike(Controller):
             for _ in range(missing):
                 if _place(plan, rooms, m, "loaded on request" if m.on_demand else "pinned"):
                     continue
-                victim = self._lru_idle(snapshot, models, unloading, m)
-                if victim is not None:
+                for victim in self._lru_idle(snapshot, models, unloading, m, rooms):
                     _drain_or_stop(plan, victim, f"unloaded (least recently used) to load {m.name}",
                                    planner.MoveCause.EVICTION)
                     unloading.add(victim.id)
@@ -206,21 +208,30 @@ class OllamaLike(Controller):
         return plan
 
     @staticmethod
-    def _lru_idle(snapshot, models, unloading, m) -> planner.ReplicaView | None:
-        """The least recently used ready replica of another on-demand model with nothing in
-        flight, on an agent where its GPUs would fit ``m``."""
-        best = None
+    def _lru_idle(snapshot, models, unloading, m, rooms) -> list[planner.ReplicaView]:
+        """The least recently used ready replicas of other on-demand models with nothing in
+        flight, on the one machine where unloading the fewest of them makes ``m`` fit; []
+        when no machine can."""
+        assert m.profile is not None
+        idle: dict[int, list[tuple[float, planner.ReplicaView]]] = defaultdict(list)
         for r in snapshot.replicas:
             other = models.get(r.model_id)
             if (other is None or other.id == m.id or not other.on_demand or r.state != S.READY
-                    or r.in_flight != 0 or r.id in unloading):
+                    or r.in_flight != 0 or r.id in unloading or r.agent_id not in rooms):
                 continue
-            if m.profile is not None and m.profile.gpus_needed > len(r.gpu_indices):
-                continue
-            used = r.last_used_at.timestamp() if r.last_used_at else 0.0
-            if best is None or used < best[0]:
-                best = (used, r)
-        return None if best is None else best[1]
+            idle[r.agent_id].append((r.last_used_at.timestamp() if r.last_used_at else 0.0, r))
+        best: list[planner.ReplicaView] = []
+        for agent_id, found in idle.items():
+            trial = replace(rooms[agent_id], free_gpus=dict(rooms[agent_id].free_gpus))
+            chosen = []
+            for _, r in sorted(found, key=lambda x: (x[0], x[1].id)):
+                trial.give_back(r)
+                chosen.append(r)
+                if trial.fit(m.profile)[1] is None:
+                    if not best or len(chosen) < len(best):
+                        best = chosen
+                    break
+        return best
 
 
 class HpaLike(Controller):
@@ -243,9 +254,6 @@ class HpaLike(Controller):
         self.cooldown = {m.name: m.idle_timeout_s or catalog.cluster.default_idle_timeout_s or KEDA_COOLDOWN_S
                          for m in catalog.models}
         return catalog  # windows stay: the simulator puts the cron trigger's floor in window_min
-
-    def leave_out(self, spec: ModelSpec, replicas: int, wanted: bool, held: bool) -> bool:
-        return replicas == 0 and not wanted and not held and spec.min_replicas == 0
 
     def plan(self, snapshot: planner.Snapshot, now: datetime) -> planner.Plan:
         plan = planner.Plan()

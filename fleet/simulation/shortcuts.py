@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from fleet.planning import planner, warmth
-from fleet.planning.scaling import TREND_STEP_S, ScalingState, evaluate, ramp_applies
+from fleet.planning.scaling import TREND_STEP_S, ScalingState, evaluate, ramp_applies, ramp_hold_s
 from fleet.simulation.runtime import FOREVER, SimModel
 
 
@@ -31,7 +31,8 @@ class Shortcuts:
                     if used is not None and used > m.wanted_s:
                         m.wanted_s, m.wanted_dt = used, None
             if self.controller is not None:
-                left = self.controller.leave_out(m.spec, len(m.reps), m.wanted_s is not None, bool(m.held))
+                floor = m.window_min if m.window_min is not None else m.spec.min_replicas
+                left = self.controller.leave_out(m.spec, len(m.reps), m.wanted_s is not None, bool(m.held), floor)
             else:
                 left = self._leave_out(m, t)
             (cold if left else out).append(m)
@@ -82,8 +83,9 @@ class Shortcuts:
             if view.on_demand and view.wanted_at is not None and base == 0 and planner.min_replicas_now(view) == 0:
                 return False
             state = ScalingState(m.extra, m.busy_since, m.quiet_since, m.observed, m.crowded_since, m.trend)
-            step = evaluate(base, planner.ceiling_now(view), view.load, view.measured_per_replica, m.coming_up > 0,
-                            state, now, policy.scaling, m.cold_start.estimate_s)
+            scaled_base = 0 if planner.speculative(view, policy, now) else base  # as _scale_by_load
+            step = evaluate(scaled_base, planner.ceiling_now(view), view.load, view.measured_per_replica,
+                            m.coming_up > 0, state, now, policy.scaling, m.cold_start.estimate_s)
             if step.moved or step.state != state:
                 return False
             if planner.desired_replicas(view, policy, now) != m.active:
@@ -114,7 +116,7 @@ class Shortcuts:
         if trend is not None and ramp_applies(planner.cold_start_of(view, policy).estimate_s, policy.scaling):
             due.append(trend.at + timedelta(seconds=TREND_STEP_S))
             if trend.rising_since is not None:
-                due.append(trend.rising_since + timedelta(seconds=policy.scaling.scale_up_after_s))
+                due.append(trend.rising_since + timedelta(seconds=ramp_hold_s(policy.scaling)))
         return min((d for d in due if d > now), default=FOREVER)
 
     def _check(self, t: float, now: datetime, result: planner.Plan | None, included: list[SimModel]) -> None:

@@ -26,14 +26,16 @@ class Warming:
     """The simulator's arrival profiles and predictions (module docstring)."""
 
     def _learn_history(self, history: Trace | None) -> None:
-        """Arrival profiles of the on-demand models from ``history`` (requests before the
-        trace's start: the weeks a running cluster has seen), then a prediction event for
-        every model with a profile, at 0 s."""
+        """Arrival profiles of the on-demand models from ``history`` (its requests before the
+        trace's start: the weeks a running cluster has seen; later ones are left out), then
+        a prediction event for every on-demand model, at 0 s."""
         if history is not None and len(history):
             by_name = {m.spec.name: m for m in self.models if m.spec.on_demand}
             names = len(history.names)
-            hours = np.floor((history.t_s + history.start.timestamp()) / 3600).astype(np.int64)
-            keys = np.unique(hours * names + history.model.astype(np.int64))  # one per (hour, model)
+            at = history.t_s + history.start.timestamp()
+            before = at < self.start_ts  # a history overlapping the trace counts only before it
+            hours = np.floor(at[before] / 3600).astype(np.int64)
+            keys = np.unique(hours * names + history.model[before].astype(np.int64))  # one per (hour, model)
             asked: dict[int, list[datetime]] = {}
             for key in keys.tolist():
                 name = history.names[key % names]

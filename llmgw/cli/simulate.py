@@ -179,6 +179,10 @@ def run(options, stdout, stderr) -> int:
         unknown = [p for p in policies if p not in REFEREE_POLICIES]
         if unknown:
             raise ValueError(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(REFEREE_POLICIES)})")
+        if options["interval"] is not None and not options["interval"] > 0:
+            raise ValueError("--interval takes seconds > 0")
+        if options["duration"] is not None and not options["duration"] > 0:
+            raise ValueError("--duration takes seconds > 0")
         count = None
         if not options["no_baseline"] and options["baseline"] != "peak":
             count = int(options["baseline"])
@@ -243,8 +247,9 @@ def _compare(options, catalog, fleet, trace, history, config, policies, name, st
     out.print(table("every policy, the same trace", [""] + [LABELS[e.key] for e in entries], rows))
     for v in verdicts:
         other = LABELS[v["other"]]
-        out.print(f"llmgw vs {other}: GPU-hours × {v['gpu_hours_ratio']:.3f}, SLO attainment "
-                  f"{v['slo_points']:+.3f} points — " + ("ahead on both" if v["ahead_on_both"] else "not ahead on both"))
+        ratio = "-" if v["gpu_hours_ratio"] is None else f"× {v['gpu_hours_ratio']:.3f}"
+        out.print(f"llmgw vs {other}: GPU-hours {ratio}, SLO attainment {v['slo_points']:+.3f} points — "
+                  + ("ahead on both" if v["ahead_on_both"] else "not ahead on both"))
     if png:
         out.print(f"plot: {png}")
     out.print(f"simulated in {wall_s:.1f} s wall")

@@ -233,3 +233,21 @@ def test_an_on_demand_models_profile_is_brought_up_to_now_with_its_latest_use(ma
     profile = moved[m.id]
     assert profile.open_hour == epoch_hour(now) and profile.open_asked  # used this hour
     assert sum(profile.seen) == 3.0 and sum(profile.asked) == 0.0  # three hours closed, none asked
+
+
+def test_a_higher_window_opening_within_the_lead_after_a_lower_one_is_the_one_brought_forward(make_model):
+    from catalog.models import ScheduleWindow
+    from fleet.control.snapshot import load_snapshot
+
+    a = agent("a")
+    m = make_model("m", min_replicas=1, max_replicas=6)
+    for seconds in (500, 500, 500):  # a cold start of 500 s: a lead of 625 s
+        replica(m, a, state="stopped", cold_start_s=seconds)
+    now = timezone.now()
+    first = (now + timedelta(minutes=3)).replace(second=0, microsecond=0)
+    second = first + timedelta(minutes=2)
+    ScheduleWindow.objects.create(model=m, weekdays="daily", start=first.time(), end=second.time(), min_replicas=2)
+    ScheduleWindow.objects.create(model=m, weekdays="daily", start=second.time(),
+                                  end=(second + timedelta(minutes=30)).time(), min_replicas=5)
+    view = next(v for v in load_snapshot(now).models if v.id == m.id)
+    assert view.next_window.min_replicas == 5 and view.next_window.starts_at == second

@@ -270,5 +270,13 @@ def test_a_trend_survives_its_json_and_a_damaged_one_starts_afresh():
     assert Trend.from_json(trend.as_json()) == trend
     for bad in (None, {}, {"fast": "x", "slow": 1, "at": at(0).isoformat()}, {"fast": 1, "slow": 1, "at": "noon"},
                 {"fast": 1, "slow": 1, "at": "2026-11-30T09:00:00"}, {"fast": float("nan"), "slow": 1,
-                                                                         "at": at(0).isoformat()}):
+                                                                         "at": at(0).isoformat()},
+                {"fast": 1, "slow": 1, "at": at(0).isoformat(), "rising_since": "2026-11-30T09:00:00"}):
         assert Trend.from_json(bad) is None
+
+
+def test_a_burst_of_a_minute_and_a_half_is_over_before_the_hold_and_adds_nothing():
+    burst = [(t, 10) for t in range(0, 600, 3)] + [(600 + t, 40) for t in range(0, 90, 3)] + \
+        [(690 + t, 10) for t in range(0, 900, 3)]
+    taken, state = ramp(burst)
+    assert taken == [] and state.extra == 0

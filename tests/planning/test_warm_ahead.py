@@ -102,8 +102,10 @@ def test_a_prediction_takes_only_free_room_after_every_wanted_model_and_never_ev
     result = plan(snap([agent()], [guess, wanted, idle], replicas, min_idle_before_eviction_s=60), NOW)
     assert [a.model_id for a in result.places] == [1]
     outcome = result.models[2]
-    assert outcome.reason.startswith("not kept warm ahead: no free room")
+    assert outcome.reason == (f"not kept warm ahead ({PREDICTED.words}): no free room (gpu-1: 0 free)")
     assert not outcome.unservable and result.moves == []  # idle was not evicted for a guess
+    # It wants what it has: nothing shows it loading or waits for it, and it keeps nothing warm.
+    assert (outcome.desired, outcome.speculative, outcome.warm_ahead) == (0, False, "")
 
 
 def test_a_replica_kept_warm_on_a_prediction_is_evicted_first_for_any_model():
@@ -129,8 +131,8 @@ def test_a_guess_still_starting_is_stopped_for_a_wanted_model():
 def test_once_evicted_a_prediction_places_nothing_again_until_its_next_run():
     guess = model(1, "guess", on_demand=True, predicted=PREDICTED, warm_evicted_at=ago(10))
     result = plan(snap([agent()], [guess]), NOW)
-    assert result.places == []
-    assert "evicted for a wanted model in this run" in result.models[1].reason
+    assert result.places == [] and result.models[1].desired == 0
+    assert result.models[1].reason.endswith("its replica was evicted for a wanted model in this run")
     before_run = model(1, "guess", on_demand=True, predicted=PREDICTED, warm_evicted_at=ago(3600))
     assert [a.model_id for a in plan(snap([agent()], [before_run]), NOW).places] == [1]
 
@@ -148,3 +150,68 @@ def test_when_the_prediction_ends_an_unasked_replica_is_scaled_to_zero_as_idle()
     assert [(x.replica_id, x.to, x.cause) for x in result.moves] == [(10, S.DRAINING, MoveCause.IDLE)]
     assert result.models[1].reason == "not asked for, and no request expected now: scaled to zero"
     assert not any(isinstance(a, Place) for a in result.actions)
+
+
+# --- what the adversary found (issue 18's review) ---------------------------------------------
+
+
+def test_an_evicted_guess_is_not_taken_back_while_the_model_it_made_room_for_waits():
+    # Pass N evicted the guess (draining, in flight unknown); W waits for it. The guess is
+    # planned after W: it must not cancel that drain, or W and it would trade it forever.
+    guess = model(1, "guess", on_demand=True, predicted=PREDICTED, warm_evicted_at=ago(3))
+    wanted = model(2, "wanted", on_demand=True, wanted_at=ago(5))
+    replicas = [rep(10, 1, state=S.DRAINING, gpus=(0,), in_flight=None, state_changed_at=ago(3))]
+    result = plan(snap([agent(gpus=1)], [guess, wanted], replicas), NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == []
+    assert result.models[2].reason.startswith("waiting for 1 replica on gpu-1 to stop")
+    # Even a guess never evicted in this run does not cancel its own drain.
+    fresh = model(1, "guess", on_demand=True, predicted=PREDICTED)
+    assert plan(snap([agent(gpus=1)], [fresh], replicas), NOW).moves == []
+
+
+def test_a_rolling_replacement_evicts_a_guess_for_its_surge_instead_of_replacing_in_place():
+    pinned = model(1, "pinned", min_replicas=1, max_replicas=1, spec_hash="new")
+    guess = model(2, "guess", on_demand=True, predicted=PREDICTED)
+    replicas = [rep(10, 1, gpus=(0,), outdated=True, in_flight=0),
+                rep(11, 2, gpus=(1,), in_flight=0)]
+    result = plan(snap([agent()], [pinned, guess], replicas), NOW)
+    assert [(x.replica_id, x.to, x.cause) for x in result.moves] == [(11, S.DRAINING, MoveCause.EVICTION)]
+    assert "a surge once evicted guess, kept warm ahead" in result.models[1].reason
+
+
+def test_a_guess_beside_a_draining_replica_makes_room_together_not_unservable():
+    big = ProfileView(id=2, gpus_needed=2, gpu_memory_mib=40960)
+    wanted = ModelView(id=1, name="wanted", profile=big, on_demand=True, wanted_at=ago(1))
+    guess = model(2, "guess", on_demand=True, predicted=PREDICTED)
+    gone = model(3, "gone", on_demand=True)
+    replicas = [rep(10, 3, state=S.DRAINING, gpus=(0,), in_flight=1, state_changed_at=ago(5)),
+                rep(11, 2, gpus=(1,), in_flight=0)]
+    result = plan(snap([agent()], [wanted, guess, gone], replicas), NOW)
+    outcome = result.models[1]
+    assert not outcome.unservable and not outcome.forget_demand
+    assert [(x.replica_id, x.to) for x in result.moves] == [(11, S.DRAINING)]
+
+
+def test_a_guess_is_one_replica_whatever_load_scaling_had_added():
+    guess = model(1, "guess", on_demand=True, max_replicas=3, predicted=PREDICTED, extra_replicas=2)
+    result = plan(snap([agent(gpus=4)], [guess]), NOW)
+    assert len(result.places) == 1 and result.models[1].desired == 1
+    assert result.models[1].scaling.extra == 0
+    one_up = model(1, "guess", on_demand=True, max_replicas=3, predicted=PREDICTED, extra_replicas=1)
+    result = plan(snap([agent(gpus=4)], [one_up], [rep(10, 1, in_flight=0), rep(11, 1, gpus=(1,), in_flight=0)]),
+                  NOW)
+    assert [(x.replica_id, x.to) for x in result.moves] == [(11, S.DRAINING)]  # no drain then cancel
+
+
+def test_the_ramp_waits_for_a_measured_cold_start():
+    from fleet.planning.planner import Load
+    from fleet.planning.scaling import Trend
+
+    rising = Trend(fast=40.0, slow=30.0, at=ago(20), rising_since=ago(150))
+    base = dict(min_replicas=2, max_replicas=4, load=Load(2, running=40, waiting=0), measured_per_replica=24,
+                trend=rising)
+    unknown = model(1, "m", **base)
+    assert plan(snap([agent(gpus=4)], [unknown], [rep(10, 1), rep(11, 1, gpus=(1,))]), NOW).places == []
+    measured = model(1, "m", cold_start=ColdStart(150.0, 5), **base)
+    result = plan(snap([agent(gpus=4)], [measured], [rep(10, 1), rep(11, 1, gpus=(1,))]), NOW)
+    assert len(result.places) == 1 and result.models[1].scaled[2].startswith("scale up ahead of a rising load")

@@ -172,3 +172,25 @@ def test_consecutive_likely_hours_are_one_run_and_the_words_name_the_days():
 def test_an_empty_or_missing_profile_predicts_nothing():
     assert warmth.predict(None, at(), UTC_ZONE, 60, 600) is None
     assert warmth.predict(ArrivalProfile(), at(), UTC_ZONE, 60, 600) is None
+
+
+def test_in_a_zone_half_an_hour_off_utc_the_words_name_the_same_hours_as_the_profile():
+    kolkata = ZoneInfo("Asia/Kolkata")
+    # 04:40 UTC is 10:10 in Kolkata: the slot read at the hour's middle (04:30 UTC = 10:00 local).
+    asked = [at(days=7 * w + d, hours=4, minutes=40) for w in range(4) for d in range(5)]
+    profile = warmth.learn(ArrivalProfile(), asked, at(days=28), kolkata)
+    assert warmth.describe_profile(profile) == "weekdays 10–11"
+    found = warmth.predict(profile, at(days=28, hours=4, minutes=40), kolkata, 60.0, 600.0)
+    assert found.words.startswith("usually asked for on weekdays 10–11")
+
+
+def test_a_stored_open_hour_in_the_future_does_not_stop_the_profile_learning():
+    stuck = ArrivalProfile(open_hour=warmth.epoch_hour(at(days=30)))
+    seen = warmth.observe(stuck, at(hours=9, minutes=5), at(hours=9, minutes=1), UTC_ZONE)
+    assert seen.open_hour == warmth.epoch_hour(at(hours=9)) and seen.open_asked
+
+
+def test_a_model_asked_at_every_hour_is_warm_around_the_clock():
+    always = warmth.learn(ArrivalProfile(), [at(hours=h) for h in range(0, 24 * 35)], at(days=35), UTC_ZONE)
+    found = warmth.predict(always, at(days=35, hours=3), UTC_ZONE, 60.0, 600.0)
+    assert found.words.startswith("usually asked for every day around the clock")

@@ -108,3 +108,22 @@ def test_hpa_pods_that_fit_nowhere_wait_and_nothing_is_evicted():
     catalog = Catalog((on_demand("a", idle=3600), on_demand("b", idle=3600)))
     _, report = run(HpaLike(), catalog, "1x1x80G", trace, 400)
     assert report.totals["evictions"] == 0 and report.model("b")["rejected_timeout"] == 10
+
+
+def test_hpa_applies_a_windows_cron_floor_to_a_model_with_min_zero_and_no_requests():
+    spec = ModelSpec("od", on_demand=True, idle_timeout_s=300, cold_start_s=30,
+                     windows=(Window((0,), time(0, 10), time(0, 20), 1, None, 1),), latency=LatencyModel(**ONE_SECOND))
+    trace = traces.constant_rate("other", 0.01, 0, 10)
+    _, report = run(HpaLike(), Catalog((spec, on_demand("other"))), "1x2x80G", trace, 1800)
+    timeline = report.replica_timelines["od"]
+    assert timeline[1] == (600.0, 1) and 1200 <= timeline[-1][0] <= 1220 and timeline[-1][1] == 0
+
+
+def test_ollama_unloads_as_many_least_recently_used_models_as_a_bigger_one_needs():
+    two = ModelSpec("two", on_demand=True, idle_timeout_s=3600, gpus_needed=2, cold_start_s=20,
+                    latency=LatencyModel(**ONE_SECOND))
+    trace = traces.merge(traces.constant_rate("a", 1, 0, 5), traces.constant_rate("b", 1, 0, 5),
+                         traces.constant_rate("two", 1, 200, 205))
+    catalog = Catalog((on_demand("a", idle=3600), on_demand("b", idle=3600), two))
+    _, report = run(OllamaLike(), catalog, "1x2x80G", trace, 600)
+    assert report.totals["evictions"] == 2 and report.model("two")["served"] == 5

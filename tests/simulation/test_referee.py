@@ -109,3 +109,61 @@ def test_the_shortcuts_agree_with_the_full_planner_with_every_rule_on(small_day)
                     history=history)
     sim.run()  # raises on any disagreement
     assert sim.quiet_passes > 0
+
+
+# --- the command line and its inputs ------------------------------------------------------------
+
+
+def cpu_catalog(tmp_path):
+    path = tmp_path / "cpu.json"
+    path.write_text('{"models": [{"name": "m", "gpus_needed": 0, "cpu_cores": 1, "memory_mib": 512, "min": 1, '
+                    '"max": 2}]}')
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(f'{{"t_s": {t}, "model": "m", "prompt_tokens": 10, "output_tokens": 10}}'
+                               for t in range(0, 60, 5)))
+    return str(path), str(trace)
+
+
+def test_compare_on_a_cpu_fleet_without_gpu_hours_prints_a_table_not_a_traceback(tmp_path):
+    import io
+
+    from django.core.management import call_command
+
+    catalog, trace = cpu_catalog(tmp_path)
+    out = io.StringIO()
+    call_command("llmgw", "simulate", "--catalog", catalog, "--trace", trace, "--fleet", "1xcpu16-64G", "--compare",
+                 "--no-plot", stdout=out)
+    text = out.getvalue()
+    assert "every policy, the same trace" in text and "GPU-hours -, SLO attainment" in text
+
+
+@pytest.mark.parametrize("option, value, words", [("--interval", "-1", "--interval takes seconds > 0"),
+                                                   ("--duration", "0", "--duration takes seconds > 0"),
+                                                   ("--policies", "llmgw,bogus", "unknown bogus")])
+def test_compare_refuses_bad_options_in_one_line(tmp_path, option, value, words):
+    import io
+
+    from django.core.management import call_command
+
+    catalog, trace = cpu_catalog(tmp_path)
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("llmgw", "simulate", "--catalog", catalog, "--trace", trace, "--fleet", "1xcpu16-64G",
+                     option, value, stdout=io.StringIO(), stderr=err)
+    assert exit_info.value.code == 2 and words in err.getvalue() and "Traceback" not in err.getvalue()
+
+
+def test_a_catalogs_cold_start_must_be_a_finite_number_of_seconds():
+    from fleet.simulation import catalog_from_dict
+
+    for bad in (float("nan"), float("inf"), -5, "soon"):
+        with pytest.raises(ValueError, match="cold_start_s"):
+            catalog_from_dict([{"name": "m", "cold_start_s": bad}])
+
+
+def test_a_history_that_overlaps_the_trace_teaches_only_its_requests_before_the_trace():
+    day = traces.from_rows([(9 * 3600 + 600, "od", 10, 10)])
+    # Four weeks of the habit, all of them *after* the trace's start: nothing to learn.
+    later = traces.from_rows([(w * 7 * 86400 + 9 * 3600 + 600, "od", 10, 10) for w in range(1, 5)], start=day.start)
+    sim = Simulator(habit_catalog(), parse_fleet("1x1x80G"), day, SimConfig(duration_s=11 * 3600), history=later)
+    assert sim.models[0].arrivals.empty
