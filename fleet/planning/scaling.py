@@ -62,7 +62,7 @@ TREND_RESET_S = 120.0
 RAMP_COLD_START_FACTOR = 3.0
 #: Step ahead when the load expected after a cold start passes this share of the capacity
 #: of the replicas there are, and only once it is at least ``RAMP_FLOOR`` of it now.
-RAMP_TARGET = 0.85
+RAMP_TARGET = 0.8
 RAMP_FLOOR = 0.5
 #: How long a load must be rising before a step ahead, at least (seconds; else
 #: ``scale_up_after_s`` if longer): a burst of a minute or two moves the fast average like a
@@ -288,7 +288,7 @@ def evaluate(base: int, ceiling: int, load: Load | None, measured_per_replica: i
 
 def _rising(trend: Trend, capacity: int | None, replicas: int, horizon_s: float) -> str:
     """The rising rule's verdict in words ("38 in flight, rising 1.6/min: 52 expected in
-    3 min, over 85% of 2 × 24"), or "" when the load is not rising towards the capacity of
+    3 min, over 80% of 2 × 24"), or "" when the load is not rising towards the capacity of
     ``replicas`` within ``horizon_s`` seconds."""
     if capacity is None or replicas < 1:
         return ""
