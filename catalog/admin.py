@@ -230,7 +230,7 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
                                  "weights_context_length", "limits")}),
         ("Warm before demand", {"fields": ("cold_start", "warm_ahead"),
                                 "description": "Measured by the fleet; the cluster settings switch the rules. "
-                                "`llmgw explain` says more: the next window, the hours it is usually asked for, the "
+                                "llmgw explain says more: the next window, the hours it is usually asked for, the "
                                 "load's trend."}),
         ("Served elsewhere (external)", {"fields": ("external_base_url", "external_api_key", "clear_external_api_key",
                                                     "external_forward_org_headers"), "classes": ("collapse",)}),

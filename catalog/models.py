@@ -604,7 +604,7 @@ class ScheduleWindow(models.Model):
     start = models.TimeField(help_text="Local time (cluster time zone).")
     end = models.TimeField(help_text="Local time; before the start means it ends the next day.")
     min_replicas = models.PositiveIntegerField(default=1)
-    max_replicas = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the model's own max.")
+    max_replicas = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the model's own max, or this window's min where that is higher.")
 
     class Meta:
         ordering = ["model", "start"]

@@ -433,8 +433,10 @@ class PlanningPass(TransitionRules):
             placed_here[agent_id] += 1
             placed += 1
             n = len(active) + placed
-            outcome.reason = self._place_at(m, agent_id, gpus,
-                                            lambda where: f"placed on {where}: {n} of {self.desired[m.id]} wanted")
+            why = outcome.warm_ahead
+            outcome.reason = self._place_at(
+                m, agent_id, gpus,
+                lambda where: f"placed on {where}: {n} of {self.desired[m.id]} wanted" + (f" ({why})" if why else ""))
 
     def _not_kept_warm(self, m: ModelView, outcome: ModelOutcome, why: str) -> None:
         """A guess placed nothing: it wants what it has (nothing shows it "loading", nothing

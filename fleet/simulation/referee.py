@@ -47,8 +47,8 @@ DESCRIPTIONS = {
              "learned arrival profiles, load scaling ahead of a rising load",
     "llmgw-no-prediction": "llmgw with pre-warm and the ramp but no arrival profiles: on-demand models start "
                            "when asked for",
-    "llmgw-reactive": "llmgw without pre-warm, prediction or the ramp: on demand, schedules at their start, "
-                      "load scaling on queues",
+    "llmgw-reactive": "llmgw without pre-warm, prediction or the ramp (as it was before they were built): on "
+                      "demand, schedules at their start, load scaling on queues",
     "static": "every model at the replicas its own peak needs (70% of its slots), never stopped; the fleet "
               "grows until they fit",
     "ollama": "load on request, unload after keep_alive (the idle timeout), least recently used unloaded when "
@@ -166,8 +166,8 @@ def plot_policies(entries: Sequence[Entry], path: str | Path) -> Path:
     fig = Figure(figsize=(11, 7.5), dpi=100)
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1.4, 1]})
-    styles = {"llmgw": ("tab:blue", "-", 2.0), "llmgw-no-prediction": ("tab:purple", "-", 1.0),
-              "llmgw-reactive": ("tab:cyan", "-", 1.0),
+    styles = {"llmgw": ("tab:blue", "-", 2.0), "llmgw-no-prediction": ("tab:purple", (0, (4, 2)), 1.0),
+              "llmgw-reactive": ("tab:cyan", (0, (1, 2)), 1.2),
               "static": ("tab:gray", "--", 1.0), "ollama": ("tab:orange", "-", 1.0), "hpa": ("tab:green", "-", 1.0)}
     fleet_gpus = first.data["fleet"]["gpus"]
     top = fleet_gpus * 1.25

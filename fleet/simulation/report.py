@@ -176,7 +176,7 @@ def compare(ours: Report, baseline: Report, same_within: float = 0.005) -> dict:
     saved = (1 - ga / gb) if gb else 0.0
     gpus = f"{abs(saved) * 100:.0f}% {'fewer' if saved >= 0 else 'more'} GPU-hours ({ga:,.0f} vs {gb:,.0f})"
     if abs(sa - sb) <= same_within:
-        sentence = f"same SLO attainment ({sa:.1%} vs {sb:.1%}) with {gpus}"
+        sentence = f"about the same SLO attainment ({sa:.1%} vs {sb:.1%}) with {gpus}"
     else:
         sentence = (f"{gpus} for {abs(sa - sb) * 100:.1f} points {'higher' if sa > sb else 'lower'} SLO attainment "
                     f"({sa:.1%} vs {sb:.1%})")

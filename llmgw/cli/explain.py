@@ -1,6 +1,7 @@
 """``llmgw explain MODEL``: why a model has the replicas it has."""
 
 import json
+from datetime import datetime
 
 from catalog.models import Model
 from fleet.ops.explain import explain_model
@@ -14,6 +15,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _when(iso: str | None) -> str:
+    """An ISO instant from the JSON, to the second, for people."""
+    if not iso:
+        return "-"
+    return datetime.fromisoformat(iso).replace(microsecond=0).isoformat()
+
+
 def run(options, stdout, stderr) -> int:
     model = Model.resolve(options["model"])
     if model is None:
@@ -25,8 +33,10 @@ def run(options, stdout, stderr) -> int:
     if options["json"]:
         stdout.write(json.dumps(info, indent=2) + "\n")
         return 0
+    window = f"; the window in force: {info['window_now']}" if info.get("window_now") else ""
     stdout.write(f"{info['model']}: {info['ready']} ready of {info['desired']} desired"
-                 f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''})\n")
+                 f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''}"
+                 f"{window})\n")
     stdout.write(f"  why:         {info['reason']}\n")
     stdout.write(f"  limits:      {info['limits']['text']}\n")
     stdout.write(f"  endpoints:   {', '.join(info['limits']['served_endpoints'])}\n")
@@ -55,11 +65,16 @@ def run(options, stdout, stderr) -> int:
                                                            else "") + "\n")
         pre = warm["prewarm"]
         if pre["next_window"]:
-            when = (f"placed from {pre['placed_from']} ({cold['lead_s']:.0f} s ahead)" if pre["enabled"]
+            when = (f"placed from {_when(pre['placed_from'])} ({cold['lead_s']:.0f} s ahead)" if pre["enabled"]
                     else "pre-warm off for this cluster: placed at its start")
-            stdout.write(f"  next window: {pre['next_window']} at {pre['starts_at']}, {when}\n")
+            stdout.write(f"  next window: {pre['next_window']} at {_when(pre['starts_at'])}, {when}\n")
+        else:
+            stdout.write("  pre-warm:    no schedule window to place ahead of"
+                         + ("" if pre["enabled"] else " (and off for this cluster)") + "\n")
         pred = warm["prediction"]
-        if pred["applies"]:
+        if not pred["applies"]:
+            stdout.write("  predicted:   only for on-demand models (this one runs its min)\n")
+        else:
             if not pred["enabled"]:
                 stdout.write("  predicted:   off for this cluster\n")
             else:

@@ -34,7 +34,8 @@ from fleet.simulation import (
     simulate,
 )
 from fleet.planning.routing import POLICIES
-from fleet.simulation.referee import LABELS, POLICIES as REFEREE_POLICIES, ROWS, ahead, plot_policies, policy_rows, referee
+from fleet.simulation.referee import DESCRIPTIONS, LABELS, POLICIES as REFEREE_POLICIES, ROWS, ahead, plot_policies
+from fleet.simulation.referee import policy_rows, referee
 from fleet.simulation.referee import totals as policy_totals
 from fleet.simulation.scenarios import SCENARIOS, diurnal_long_tail, diurnal_long_tail_history, shared_prefixes
 from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
@@ -92,7 +93,7 @@ def add_arguments(parser) -> None:
                      help="referee the trace through every policy (llmgw with and without its warm-before-demand "
                      "rules, static, Ollama/llama-swap-like, Kubernetes HPA+KEDA-like) and compare them")
     how.add_argument("--policies", metavar="LIST", default=None,
-                     help="with --compare: a comma-separated subset of " + ",".join(REFEREE_POLICIES))
+                     help="a comma-separated subset of " + ",".join(REFEREE_POLICIES) + " (implies --compare)")
     how.add_argument("--history", metavar="FILE", default=None,
                      help="a trace of requests before this one (same formats): the on-demand models' arrival "
                      "profiles are learned from it (predictive warmth)")
@@ -244,7 +245,11 @@ def _compare(options, catalog, fleet, trace, history, config, policies, name, st
               f"profiles: {f'{len(history):,} requests' if history is not None else 'none'}")
     rows = [[label] + [_fmt(policy_totals(e)[key], kind) for e in entries] for key, label, kind in ROWS]
     rows.insert(0, ["fleet"] + [e.report.data["fleet"]["summary"] for e in entries])
-    out.print(table("every policy, the same trace", [""] + [LABELS[e.key] for e in entries], rows))
+    title = "every policy, the same trace" if len(entries) == len(REFEREE_POLICIES) else \
+        f"{len(entries)} policies, the same trace"
+    out.print(table(title, [""] + [LABELS[e.key] for e in entries], rows))
+    for e in entries:
+        out.print(f"  {LABELS[e.key]}: {DESCRIPTIONS[e.key]}")
     for v in verdicts:
         other = LABELS[v["other"]]
         ratio = "-" if v["gpu_hours_ratio"] is None else f"× {v['gpu_hours_ratio']:.3f}"

@@ -77,12 +77,14 @@ def test_explain_says_the_cold_start_per_agent_where_it_differs_and_the_next_win
     started = timezone.datetime.fromisoformat(info["prewarm"]["starts_at"])
     assert (started - placed).total_seconds() == pytest.approx(info["cold_start"]["lead_s"], abs=0.1)
     assert info["prediction"]["applies"] is False and info["ramp"]["applies"] is True
+    assert "  predicted:   only for on-demand models (this one runs its min)\n" in out
 
 
 def test_explain_says_when_an_on_demand_model_is_usually_asked_for_and_that_rules_are_off(make_model):
     m = make_model("od", on_demand=True, min_replicas=0)
     code, out, _ = llmgw("explain", "od")
     assert "  usually:     no habit yet (0 weeks observed" in out
+    assert "  pre-warm:    no schedule window to place ahead of\n" in out
     assert "  ramp:        on: a replica takes about 120 s (not measured yet: the default)" in out
     ModelState.objects.create(model=m, arrivals=weekday_mornings().as_json())
     code, out, _ = llmgw("explain", "od")

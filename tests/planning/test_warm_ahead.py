@@ -57,6 +57,8 @@ def test_a_window_is_placed_its_lead_ahead_of_its_start_with_the_measured_cold_s
     assert outcome.desired == 2
     assert outcome.warm_ahead.startswith("pre-warm: window mon-fri 08:00–19:00 (min 2) starts in 180 s")
     assert "about 150 s (p90 of 8 starts)" in outcome.warm_ahead and outcome.warm_ahead in outcome.reason
+    # The replica's own reason keeps it, once the window has opened and the outcome moved on.
+    assert result.places[0].reason.endswith(f"({outcome.warm_ahead})")
 
 
 def test_before_its_lead_the_window_waits_and_the_default_cold_start_applies_unmeasured():
