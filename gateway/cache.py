@@ -185,14 +185,22 @@ def load_teams() -> tuple[dict[int, tuple], dict[int, dict], dict[int, dict]]:
 
 def load() -> dict[str, Any]:
     """Every key (with its team's limits), every model name/alias and the admission settings
-    (blocking; seven queries)."""
+    (blocking; seven queries).
+
+    The keys are read before their model limits: each query sees the database as of its own
+    start (PostgreSQL's read committed), and a key is created with its limits in one
+    transaction (``ApiKey.create_key``). Read the other way round, a key committed between
+    the two queries was cached with no limits read — allowed every model — until the next
+    refresh (seen as a 200 where a 403 was due, under load). This way a key is either
+    missing (looked up in the database on first use) or complete."""
+    key_rows = list(ApiKey.objects.values_list("id", "name", "prefix", "sha256", "revoked_at", "expires_at",
+                                               "team_id", "priority", "updated_at", *LIMIT_FIELDS))
     allowed: dict[int, set[int]] = {}
     for key_id, model_id in ApiKey.allowed_models.through.objects.values_list("apikey_id", "model_id"):
         allowed.setdefault(key_id, set()).add(model_id)
     teams, team_budgets, key_budgets = load_teams()
     keys: dict[str, list[CachedKey]] = {}
-    for row in ApiKey.objects.values_list("id", "name", "prefix", "sha256", "revoked_at", "expires_at", "team_id",
-                                          "priority", "updated_at", *LIMIT_FIELDS):
+    for row in key_rows:
         key_id, name, prefix, sha256, revoked_at, expires_at, team_id, priority, updated_at = row[:9]
         ids = allowed.get(key_id)
         team = teams.get(team_id)
