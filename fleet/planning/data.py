@@ -18,6 +18,15 @@ from fleet.states import ReplicaState
 S = ReplicaState
 
 
+def fmt_s(seconds: float) -> str:
+    """A duration for the planner's sentences: "2.5 h", "12 min", "40 s"."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
 # --- Snapshot ------------------------------------------------------------------------------
 
 
