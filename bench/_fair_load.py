@@ -40,7 +40,8 @@ class Phase:
     answered: int = 0  # A's and B's 200s while the gateway's CPU was read
     first_error: str = ""
     #: B's requests as the gateway recorded them (UsageRecord, ms): "ttft" from the view's
-    #: start to the first chunk, "overhead" to the upstream call (the admission wait in it).
+    #: start to the first chunk (the admission wait in it), "overhead" the gateway's own work
+    #: before the upstream call (the admission wait left out).
     gateway_ms: dict[str, float] = field(default_factory=dict)
 
     def b_ms(self, q: float) -> float:

@@ -1,13 +1,17 @@
 """How long one reconcile pass's planning takes on a large fleet.
 
 Builds a synthetic fleet (N agents × 8 GPUs of 80 GiB, 2 models per agent, min replicas
-1–3 each, a few on demand, a few schedule windows), runs ``plan()`` once from empty to
-place everything, applies the placements as ready replicas, then times steady-state passes
-(nothing to do, which is what the cluster runs every few seconds). Prints time per pass
-for 100 … 1,000 agents and the growth ratio. Goal: ≤ 100 ms at 1,000 agents × 8 GPUs and
-2,000 models, growing about linearly.
+1–3 each, a few on demand), then times two kinds of pass:
 
-    python bench/plan_scale.py [--passes 5]
+* the **steady** pass (everything placed and ready, nothing to do: what the cluster runs
+  every few seconds), for 100 … 1,000 agents. Goal: ≤ 100 ms at 1,000 agents × 8 GPUs and
+  2,000 models, growing about linearly;
+* the **cold** pass (nothing placed: first boot, ``llmgw start`` after a stop, a region
+  coming back), which places every replica, for 100 … 10,000 agents. Goals: ≤ 0.5 s at
+  1,000 agents, ≤ 5 s at 10,000 agents × 8 GPUs with 20,000 models, and about linear in
+  placements (the time per placement at 10,000 agents at most twice that at 1,000).
+
+    python bench/plan_scale.py [--passes 5] [--cold-agents 100,1000,10000]
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ def steady_snapshot(agents: int) -> Snapshot:
 
 
 def time_passes(snapshot: Snapshot, passes: int) -> tuple[float, int]:
+    """Median seconds of ``passes`` plans of ``snapshot``, and how many actions one gives."""
     timings = []
     actions = 0
     for _ in range(passes):
@@ -68,9 +73,45 @@ def time_passes(snapshot: Snapshot, passes: int) -> tuple[float, int]:
     return statistics.median(timings), actions
 
 
+def time_cold_pass(agents: int, passes: int) -> tuple[float, int]:
+    """Median seconds of the pass that places everything on an empty fleet, and how many
+    replicas it places (every action of that pass is a placement)."""
+    agent_views, models = fleet(agents)
+    return time_passes(Snapshot(Policy(), agent_views, models, ()), passes)
+
+
+def cold_passes(sizes: list[int], passes: int) -> bool:
+    """Print the cold-pass table and its goals; True when every goal passes."""
+    print(f"\n{'agents':>7} {'GPUs':>7} {'models':>7} {'placed':>8} {'cold pass s':>12} {'µs/placement':>13}")
+    results: dict[int, tuple[float, int]] = {}
+    for agents in sizes:
+        seconds, placed = time_cold_pass(agents, passes if agents <= 1000 else max(1, passes // 2))
+        results[agents] = seconds, placed
+        print(f"{agents:>7} {agents * 8:>7} {agents * 2:>7} {placed:>8} {seconds:>12.3f} "
+              f"{seconds / max(placed, 1) * 1e6:>13.1f}")
+    ok = True
+    for agents, goal_s in ((1000, 0.5), (10000, 5.0)):
+        if agents in results:
+            seconds, placed = results[agents]
+            passed = seconds <= goal_s
+            ok &= passed
+            print(f"cold pass at {agents:,} agents ({placed:,} placements): {seconds:.2f} s "
+                  f"(goal ≤ {goal_s:g} s: {'PASS' if passed else 'MISS'})")
+    if 1000 in results and 10000 in results:
+        per = {a: results[a][0] / max(results[a][1], 1) for a in (1000, 10000)}
+        growth = per[10000] / per[1000]
+        passed = growth <= 2.0
+        ok &= passed
+        print(f"time per placement, 10,000 vs 1,000 agents: ×{growth:.2f} "
+              f"(goal ≤ ×2, about linear in placements: {'PASS' if passed else 'MISS'})")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--cold-agents", default="100,250,500,1000,2500,10000",
+                        help="fleet sizes (agents) for the cold pass, comma-separated")
     args = parser.parse_args()
     print(f"{'agents':>7} {'GPUs':>6} {'models':>7} {'replicas':>9} {'pass ms':>9} {'actions':>8}")
     results = {}
@@ -84,6 +125,7 @@ def main() -> int:
     top = results[1000] * 1000
     print(f"\n1,000 agents: {top:.1f} ms per steady pass (goal ≤ 100 ms: {'PASS' if top <= 100 else 'MISS'}); "
           f"×10 agents costs ×{growth:.1f} (linear would be ×10)")
+    cold_passes([int(n) for n in args.cold_agents.split(",") if n.strip()], args.passes)
     return 0
 
 

@@ -59,8 +59,8 @@ lengths (``--a-lengths mixed``: tokens/2 to 3·tokens/2, mean ``--tokens``), so 
 at random and that wait is about exponential (mean ``gap``, p95 3·gap); the "slot floor"
 line prints it, to tell the queue's order from that arithmetic. With ``--a-lengths fixed``
 the slots free in clumps (see :class:`ALoad`) and B waits up to a whole request. B's
-requests as the gateway recorded them (usage records: its TTFT, and its overhead before the
-upstream call, which holds the admission wait) are printed beside the client's.
+requests as the gateway recorded them (usage records: its TTFT, which holds the admission
+wait, and its own work before the upstream call, which does not) are printed beside the client's.
 
 Printed: the two tables side by side and the goals; ``--json`` prints the results as JSON
 instead. Progress goes to stderr; logs and the database stay in the temp dir with
@@ -323,8 +323,8 @@ def measure_cpu(mode: CpuMode, gateway_url: str, gateway_pid: int, keys: Keys, a
 
 def gateway_side(phases: dict[str, Phase], keys: Keys) -> None:
     """Fill each phase's ``gateway_ms`` from B's usage records (the gateways flush them as
-    they stop): p50/p95 of the gateway's TTFT and of its overhead before the upstream call,
-    which holds the admission wait."""
+    they stop): p50/p95 of the gateway's TTFT (the admission wait in it) and of its overhead
+    (its own work before the upstream call, the wait left out)."""
     from gateway.models import UsageRecord
 
     for name, phase in phases.items():
@@ -458,8 +458,8 @@ def report(phases: dict[str, Phase], modes: list[CpuMode], args, goals: dict[str
         ["B request s (mean)", *[fmt(p.b_mean_total_s, ".3f") for p in order]],
         ["B gateway TTFT p50/p95 ms", *[f"{fmt(p.gateway_ms.get('ttft_p50'))}/{fmt(p.gateway_ms.get('ttft_p95'))}"
                                         for p in order]],
-        ["B gateway wait+overhead p50/p95", *[f"{fmt(p.gateway_ms.get('overhead_p50'))}/"
-                                              f"{fmt(p.gateway_ms.get('overhead_p95'))}" for p in order]],
+        ["B gateway overhead p50/p95 ms", *[f"{fmt(p.gateway_ms.get('overhead_p50'))}/"
+                                            f"{fmt(p.gateway_ms.get('overhead_p95'))}" for p in order]],
         ["A clients", *[str(p.a_clients) for p in order]],
         ["A req/s", *[fmt(p.a_rps) if p.a_clients else "-" for p in order]],
         ["A non-200", *[failed(p, p.a_failed) if p.a_clients else "-" for p in order]],

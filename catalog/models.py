@@ -318,6 +318,16 @@ class Model(models.Model):
         return bool(self.external_base_url)
 
     @staticmethod
+    def known_names() -> set[str]:
+        """Every catalog model's name and aliases (one query): a usage record's model name
+        outside it is a client's invention (404 model_not_found), shown as "unknown model"."""
+        names: set[str] = set()
+        for name, aliases in Model.objects.values_list("name", "aliases"):
+            names.add(name)
+            names.update(a.strip() for a in (aliases or "").split(",") if a.strip())
+        return names
+
+    @staticmethod
     def parse_endpoints(text: str) -> frozenset[str]:
         """The endpoints an ``endpoints`` value names (``"chat/completions, embeddings"``);
         blank: all of :data:`OPENAI_ENDPOINTS`. Unknown names are kept (``clean`` rejects
@@ -494,15 +504,20 @@ def limit_errors(model: "Model") -> dict[str, str]:
 def limits_info(model: "Model") -> dict:
     """What ``llmgw explain`` and the admin show of a model's limits (JSON-ready):
     ``context_length`` and ``max_output_tokens`` in force (tokens, None unknown or
-    unlimited), ``served_endpoints`` (sorted) and ``text``, the limits in words, e.g.
-    ``"context 2048 tokens, output at most 512 tokens"``."""
+    unlimited), ``default_max_tokens`` (what a request without max_tokens gets, tokens; None:
+    the engine decides, and always None for an external model, where the gateway adds none),
+    ``served_endpoints`` (sorted) and ``text``, the limits in words, e.g. ``"context 2048
+    tokens, output at most 512 tokens; a request without max_tokens gets 128"``."""
     context, output = model.token_limits()
+    default = None if model.is_external else model.default_max_tokens
     return {
         "context_length": context,
         "max_output_tokens": output,
+        "default_max_tokens": default,
         "served_endpoints": sorted(model.served_endpoints),
         "text": f"context {f'{context} tokens' if context else 'unknown'}, "
-                f"output {f'at most {output} tokens' if output else 'unlimited (up to the context)'}",
+                f"output {f'at most {output} tokens' if output else 'unlimited (up to the context)'}"
+                + (f"; a request without max_tokens gets {default}" if default else ""),
     }
 
 

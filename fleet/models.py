@@ -174,6 +174,10 @@ class Gpu(models.Model):
     name = models.CharField(max_length=128, blank=True, default="")
     memory_total_mib = models.PositiveIntegerField(default=0)
     memory_used_mib = models.PositiveIntegerField(default=0)
+    #: The last reading's compute utilisation (0-100) and temperature; None when the agent
+    #: did not report them (simulated GPUs, an older agent, a driver that refused).
+    utilisation_pct = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["agent__name", "index"]
@@ -183,6 +187,29 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent.name}:gpu{self.index}"
+
+
+class GpuSample(models.Model):
+    """One GPU's reading at one moment, kept for the admin's charts with the same retention
+    as usage records (``ClusterSettings.history_retention_days``; ``llmgw.retention``).
+    Written from agents' reports at most once per ``LLMGW_GPU_SAMPLE_EVERY_S`` per agent.
+    ``agent_name`` survives the agent's deletion so old charts keep their labels."""
+
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="gpu_samples")
+    agent_name = models.CharField(max_length=128)
+    index = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    memory_used_mib = models.PositiveIntegerField(default=0)
+    memory_total_mib = models.PositiveIntegerField(default=0)
+    utilisation_pct = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["at", "agent_name", "index"]
+        indexes = [models.Index(fields=["agent_name", "index", "at"], name="gpusample_agent_gpu_at")]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name}:gpu{self.index} @ {self.at:%Y-%m-%d %H:%M:%S}"
 
 
 class ReplicaQuerySet(models.QuerySet):
@@ -571,6 +598,27 @@ class ScalingEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}: {self.from_replicas} → {self.to_replicas} ({self.reason})"
+
+
+class OperatorAction(models.Model):
+    """One act of an operator on the running cluster, from any surface (the CLI, the
+    dashboard, the REST API): stop, start, cordon, uncordon, drain, evict, agents'
+    restart. ``actor``: who ("alice (dashboard)", "root (CLI)"); ``target``: what it was
+    done to (an agent's or model's name, "cluster"); ``detail``: its effect in words.
+    Written by ``fleet.ops.operations``; read by ``llmgw changes`` and the dashboard's
+    "Changes" page; pruned with usage records (``llmgw.retention``)."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    action = models.CharField(max_length=32)
+    target = models.CharField(max_length=150, blank=True, default="")
+    detail = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor or 'someone'}: {self.action} {self.target}".rstrip()
 
 
 class ApiToken(models.Model):

@@ -16,11 +16,30 @@ PROTOCOL_VERSION = 1
 
 
 class GpuInfo(TypedDict):
+    """One GPU of an agent's inventory. The memory figures (MiB) are left out when the
+    driver refused to read them (an older control plane then stores 0, a newer one keeps
+    the last known figures)."""
+
     index: int
     uuid: str
     name: str
-    memory_total_mib: int
-    memory_used_mib: int
+    memory_total_mib: NotRequired[int]
+    memory_used_mib: NotRequired[int]
+    #: The last reading's compute utilisation (percent, 0-100) and temperature (°C); None or
+    #: absent when unknown (simulated GPUs, a driver that refused, an older agent).
+    utilisation_pct: NotRequired[float | None]
+    temperature_c: NotRequired[float | None]
+
+
+class GpuReading(TypedDict, total=False):
+    """One GPU's fresh reading on a heartbeat (``Heartbeat.gpus``), found by its ``index`` in
+    the agent's inventory. Every figure may be None (the driver refused that one reading)."""
+
+    index: int
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilisation_pct: float | None
+    temperature_c: float | None
 
 
 class Inventory(TypedDict):
@@ -81,6 +100,10 @@ class Heartbeat(TypedDict):
     type: Literal["heartbeat"]
     v: int
     loads: NotRequired[list[ReplicaLoad]]
+    #: Every GPU's reading, sent every ``gpu_readings_s`` (not on every heartbeat): the
+    #: control plane keeps the last on ``Gpu`` and samples them for charts
+    #: (docs/architecture.md, "Agent protocol": heartbeat). Optional both ways, like ``loads``.
+    gpus: NotRequired[list[GpuReading]]
 
 
 class AssignedReplica(TypedDict, total=False):
@@ -175,27 +198,140 @@ def _numeric_ipv4(name: str) -> bool:
 
 #: A log line that says what went wrong, as engines write them (Python exceptions, CUDA,
 #: llama.cpp's and uvicorn's own words).
-_TROUBLE = re.compile(r"error|exception|traceback|fatal|failed|out of memory|address already in use|"
-                      r"permission denied|no such file|not found|killed", re.IGNORECASE)
+_TROUBLE = re.compile(r"\b(?:errors?|exception|traceback|fatal|failed|out of memory|address already in use|"
+                      r"permission denied|no such file|not found|killed)\b", re.IGNORECASE)
+
+#: A process that died of a signal, as the shell or the C runtime says it ("Segmentation
+#: fault (core dumped)", "Illegal instruction", "Aborted"): the end of the story.
+_CRASH = re.compile(r"\b(?:Segmentation fault|core dumped|Illegal instruction|Bus error|Floating point exception|"
+                    r"Aborted|SIG(?:SEGV|ABRT|ILL|BUS|FPE|KILL))\b")
+
+#: pydantic's summary line: the reason is on the lines after it.
+_VALIDATION_SUMMARY = re.compile(r"\d+ validation errors? for \S+$")
 
 
 #: An access-log line ('127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 500 Internal
 #: Server Error'): a request's outcome, never the engine's own trouble.
 _ACCESS_LOG = re.compile(r'"[A-Z]+ \S+ HTTP/\d(?:\.\d)?"\s+\d{3}')
 
+#: The port was taken (uvicorn's "[Errno 98] ... address already in use", llama-server's
+#: "couldn't bind HTTP server socket"): the most useful line a log can hold.
+_PORT_TAKEN = re.compile(r"address already in use|EADDRINUSE|could(?:n'?t| not) bind (?:the |an? )?(?:HTTP )?(?:server )?"
+                         r"(?:socket|port|address|to)|failed to bind (?:to )?(?:the |an? )?(?:port|address|socket|"
+                         r"(?:\S+:)?\d{2,5}\b)", re.IGNORECASE)
+
+#: The exception line that ends a Python traceback, after any log prefix ("ERROR 12-04 10:00:00
+#: [core.py:1] "): "RuntimeError: CUDA out of memory", "torch.OutOfMemoryError: ...", or a bare
+#: "AssertionError". A code line ("raise ValueError(...)", "except OSError:") does not match.
+_EXCEPTION = re.compile(r"(?:^|[\s\]|)>])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Fault))(?:: (\S.*)|\s*)$")
+
+#: Exceptions that say nothing about the engine's trouble, or point elsewhere (vLLM's API
+#: server ends with "RuntimeError: Engine core initialization failed. See root cause above.").
+_NOT_THE_CAUSE = re.compile(r"see (?:the )?(?:root cause|error|logs?|above)|^(?:SystemExit|KeyboardInterrupt|"
+                            r"(?:asyncio\.(?:exceptions\.)?)?CancelledError)\b", re.IGNORECASE)
+
+#: A line logged at error level: "ERROR ...", uvicorn's "ERROR:    ...", "CRITICAL", "FATAL",
+#: or llama.cpp's and argparse's "name: error: ..." / "llama_model_load: error loading model".
+_ERROR_LINE = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|^(?:[\w.\-\[\]]+:\s*)?(?:error|fatal)\b")
+
+#: Lines that only announce something (the traceback that follows, a stop) or are code.
+_GENERIC = re.compile(r"Traceback \(most recent call last\)|Exception in ASGI application|"
+                      r"Application startup failed|^\s*(?:\S+\s+)?File \"|Error in sys\.excepthook|^(?:raise|except)\b",
+                      re.IGNORECASE)
+
+#: How long a picked line may be (a summary is one line on a page, a reason, a log record).
+TROUBLE_LINE_MAX = 240
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= TROUBLE_LINE_MAX else line[:TROUBLE_LINE_MAX - 1] + "…"
+
+
+def _ignored_exceptions(candidates: list[tuple[int, str]]) -> set[int]:
+    """Indices of exception lines Python reported as "Exception ignored in: ..." (a
+    destructor failing while the process exits, after the real error): never the cause."""
+    ignored, inside = set(), False
+    for i, line in candidates:
+        if "Exception ignored in" in line:
+            inside = True
+        elif inside and _EXCEPTION.search(line) and 'File "' not in line:
+            ignored.add(i)
+            inside = False
+    return ignored
+
+
+def trouble_line(lines: list[str]) -> tuple[int, str] | None:
+    """The line of an engine's log lines that says what went wrong, and its index, in this
+    order of preference: the port was taken ("address already in use"); the exception of
+    the last Python traceback (its last line: "RuntimeError: CUDA out of memory", without
+    the log prefix; one that points elsewhere, "see root cause above", gives way to the one
+    before, and one Python reports as "Exception ignored in" is skipped; pydantic's "1
+    validation error for X" gets the field and reason after it); a death by signal
+    ("Segmentation fault (core dumped)"); the last line logged at error level (``ERROR``, ``CRITICAL``, ``error:``) that
+    is more than an announcement; else the last line with a word of trouble ("failed",
+    "not found"). Never an access-log line (a request's outcome, not the engine's trouble).
+    Lines are cut to :data:`TROUBLE_LINE_MAX` characters. None when no line qualifies."""
+    candidates = [(i, line.strip()) for i, line in enumerate(lines)
+                  if line.strip() and not line.lstrip().startswith("---") and not _ACCESS_LOG.search(line)]
+    for i, line in reversed(candidates):
+        if _PORT_TAKEN.search(line):
+            return i, _cut(line)
+    ignored = _ignored_exceptions(candidates)
+    for at, (i, line) in reversed(list(enumerate(candidates))):
+        found = _EXCEPTION.search(line)
+        if found and 'File "' not in line and i not in ignored:
+            words = found.group(1) + (f": {found.group(2)}" if found.group(2) else "")
+            if _VALIDATION_SUMMARY.search(words):  # the field and the reason follow
+                words = " — ".join([words, *(text for _, text in candidates[at + 1:at + 3])])
+            if not _NOT_THE_CAUSE.search(words):
+                return i, _cut(words)
+    for i, line in reversed(candidates):
+        if _CRASH.search(line):
+            return i, _cut(line)
+    for i, line in reversed(candidates):
+        if _ERROR_LINE.search(line) and not _GENERIC.search(line):
+            return i, _cut(line)
+    for i, line in reversed(candidates):
+        if _TROUBLE.search(line) and not _GENERIC.search(line):
+            return i, _cut(line)
+    return None
+
+
+#: Most characters of log an error carries (the control plane keeps an error's last 4,000).
+ERROR_EXCERPT_MAX = 3000
+
+
+def error_excerpt(log: str, lines: int = 15, secret: str = "") -> str:
+    """What of an engine's log goes into its replica's error (``fleet.agent.engines``): the
+    last ``lines`` lines, preceded, when the line that says what went wrong
+    (:func:`trouble_line`) lies above them, by that line and "…" — a long traceback or a
+    shutdown's chatter must not push the cause out. ``secret`` (the engine's key) is masked
+    as ``***`` before anything is cut, so no part of it survives. Each line is cut to 500
+    characters, and the oldest tail lines go until it fits :data:`ERROR_EXCERPT_MAX`."""
+    if secret:
+        log = log.replace(secret, "***")
+    all_lines = [line if len(line) <= 500 else line[:499] + "…" for line in log.strip().splitlines()]
+    tail = all_lines[-lines:] if lines > 0 else []
+    picked = trouble_line(all_lines)
+    head = [picked[1], "…"] if picked is not None and picked[0] < len(all_lines) - len(tail) else []
+    while tail and sum(len(line) + 1 for line in head + tail) > ERROR_EXCERPT_MAX:
+        tail = tail[1:]
+    return "\n".join(head + tail)
+
 
 def error_summary(error: str | None) -> str:
     """One line for a replica's error: the agent's own words ("engine exited with code 1",
     "port 20002 taken by pid 4711 (python3)") — the first line of the error, before the
     engine's last log lines that the agent appends (``fleet.agent.engines.EngineManager._fail``)
-    — followed by the last of those log lines that names trouble ("RuntimeError: CUDA out of
-    memory"), when one does. An access-log line is never the summary. "" for no error."""
+    — followed by the log line that says what went wrong (:func:`trouble_line`: the port
+    taken, the exception, an error-level line; "RuntimeError: CUDA out of memory"), when one
+    does. An access-log line is never the summary. "" for no error."""
     lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
     if not lines:
         return ""
     first = lines[0].rstrip(":;, ")
-    trouble = next((line for line in reversed(lines[1:])
-                    if _TROUBLE.search(line) and not line.startswith("---") and not _ACCESS_LOG.search(line)), "")
+    picked = trouble_line(lines[1:])
+    trouble = picked[1] if picked else ""
     return f"{first}: {trouble}" if trouble and trouble not in first else first
 
 
@@ -308,10 +444,35 @@ def _check_inventory(message: dict, *, optional: bool) -> None:
     for gpu in gpus:
         if not isinstance(gpu, dict):
             raise ProtocolError("inventory: every GPU must be an object")
-        for key in ("index", "memory_total_mib", "memory_used_mib"):
-            _require(gpu, key, (int,), "an integer", optional=True, where="inventory.gpus[]")
+        _require(gpu, "index", (int,), "an integer", optional=True, where="inventory.gpus[]")
         for key in ("uuid", "name"):
             _require(gpu, key, (str,), "a string", optional=True, where="inventory.gpus[]")
+        _check_reading_figures(gpu, "inventory.gpus[]")
+
+
+#: A reading's figures: key → (types, words), each optional and nullable.
+_READING_FIGURES = (("memory_used_mib", (int,), "an integer or null"),
+                    ("memory_total_mib", (int,), "an integer or null"),
+                    ("utilisation_pct", (int, float), "a number or null"),
+                    ("temperature_c", (int, float), "a number or null"))
+
+
+def _check_reading_figures(gpu: dict, where: str) -> None:
+    for key, kinds, what in _READING_FIGURES:
+        if gpu.get(key) is not None:
+            _require(gpu, key, kinds, what, where=where)
+
+
+def _check_gpu_readings(message: dict) -> None:
+    _require(message, "gpus", (list,), "a list", optional=True)
+    readings = message.get("gpus") or []
+    if len(readings) > MAX_GPUS:
+        raise ProtocolError(f"heartbeat: {len(readings)} GPU readings (at most {MAX_GPUS})")
+    for reading in readings:
+        if not isinstance(reading, dict):
+            raise ProtocolError("heartbeat: every GPU reading must be an object")
+        _require(reading, "index", (int,), "an integer", where="gpus[]")
+        _check_reading_figures(reading, "gpus[]")
 
 
 def _check_replicas(message: dict) -> None:
@@ -370,6 +531,7 @@ def check_fields(message: dict) -> dict:
         _check_replicas(message)
     elif kind == "heartbeat":
         _check_loads(message)
+        _check_gpu_readings(message)
     return message
 
 
@@ -384,12 +546,22 @@ def loads_of(reports: list[ReplicaReport]) -> list[ReplicaLoad]:
     ]
 
 
-def heartbeat(loads: list[ReplicaLoad] | None = None) -> Heartbeat:
-    """A heartbeat; with ``loads`` (see :class:`Heartbeat`) unless there are none."""
+def heartbeat(loads: list[ReplicaLoad] | None = None, gpus: list[GpuReading] | None = None) -> Heartbeat:
+    """A heartbeat; with ``loads`` and ``gpus`` (see :class:`Heartbeat`) unless there are none."""
     message: Heartbeat = {"type": "heartbeat", "v": PROTOCOL_VERSION}
     if loads:
         message["loads"] = list(loads)
+    if gpus:
+        message["gpus"] = list(gpus)
     return message
+
+
+def readings_of(gpus: list[GpuInfo]) -> list[GpuReading]:
+    """The ``gpus`` of a heartbeat from an inventory's GPUs: index, memory, utilisation and
+    temperature of each (None where unknown)."""
+    return [{"index": g["index"], "memory_used_mib": g.get("memory_used_mib"),
+             "memory_total_mib": g.get("memory_total_mib"), "utilisation_pct": g.get("utilisation_pct"),
+             "temperature_c": g.get("temperature_c")} for g in gpus]
 
 
 def restart_agent() -> RestartAgent:

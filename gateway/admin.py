@@ -2,12 +2,14 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Count, Sum
+from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
-from catalog.admin import SecretFieldsAdminMixin
+from catalog.admin import ModelAdmin, SecretFieldsAdminMixin, WideListMixin, admin_link, cut, instant
+from catalog.models import Model
 from gateway import tenant_usage
 from gateway.api import expiry_denial
 from gateway.models import LIMIT_FIELDS, ApiKey, ModelBudget, Team, UsageRecord
@@ -33,10 +35,10 @@ def usage_panel(kind: str, obj) -> str:
     body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
         (name, model or "every model", "—" if e["used"] is None else f"{e['used']:,}", f"{e['limit']:,}",
          tenant_usage.CONCURRENCY_ELSEWHERE if e["remaining"] is None else f"{e['remaining']:,}",
-         e["resets_at"] or "—") for name, model, e in rows))
+         instant(e["resets_at"]) if e["resets_at"] else "—") for name, model, e in rows))
     note = f" — {found['note']}" if found.get("note") else ""
     return format_html('<table class="tenant-usage"><thead><tr><th>limit</th><th>model</th><th>used</th>'
-                       "<th>of</th><th>remaining</th><th>resets at (UTC)</th></tr></thead><tbody>{}</tbody></table>"
+                       "<th>of</th><th>remaining</th><th>resets at</th></tr></thead><tbody>{}</tbody></table>"
                        "<p>Source: {}{}</p>", body, found["source"], note)
 
 
@@ -78,7 +80,7 @@ class KeyBudgetInline(BudgetInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(WideListMixin, admin.ModelAdmin):
     """Teams: keys sharing limits, a priority class and a fair-share weight; the change page
     shows where the team stands now."""
 
@@ -111,7 +113,7 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(SecretFieldsAdminMixin, admin.ModelAdmin):
+class ApiKeyAdmin(WideListMixin, SecretFieldsAdminMixin, admin.ModelAdmin):
     """Keys are created here like anywhere else; the clear key is shown once, on the page
     answering the save of a new one (never in a message: those travel in a cookie). Its
     team, priority, limits and model budgets (on the change page) are part of the key."""
@@ -217,14 +219,81 @@ class PeriodFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _ms(value: float | None) -> str:
+    """A duration in milliseconds, rounded to the millisecond ("-" for none)."""
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("at", "key", "model_name", "replica_id", "status", "upstream_status", "stream", "prompt_tokens",
-                    "completion_tokens", "ttft_ms", "total_ms")
-    list_filter = (PeriodFilter, "status", "stream", "model_name", "key")
+class UsageRecordAdmin(WideListMixin, admin.ModelAdmin):
+    """One row a request: when, the key (linked), the model by its catalog name (linked
+    while it exists; long names cut, the whole in the title), the endpoint, the replica
+    (linked), the status the client got (and the engine's own where it differs), tokens and
+    times rounded to the millisecond. Read-only."""
+
+    list_display = ("when", "key_link", "model_link", "endpoint", "replica_link", "status_shown", "tokens", "ttft",
+                    "total", "overhead")
+    list_filter = (PeriodFilter, "status", "stream", "path", "model_name", "key")
     list_select_related = ("key",)
+    search_fields = ("model_name", "path", "key__name")
     date_hierarchy = "at"
     change_list_template = "admin/gateway/usagerecord/change_list.html"
+    fields = ("at", "key_link", "team_id", "model_link", "endpoint", "replica_link", "status", "upstream_status",
+              "prompt_tokens", "completion_tokens", "ttft", "total", "overhead")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        # The catalog model by the name the record keeps, in the same query: no link once deleted.
+        model_pk = Model.objects.filter(name=OuterRef("model_name")).values("pk")[:1]
+        return super().get_queryset(request).annotate(model_pk=Subquery(model_pk))
+
+    @admin.display(description="at", ordering="at")
+    def when(self, obj: UsageRecord) -> str:
+        return instant(obj.at)
+
+    @admin.display(description="key", ordering="key__name")
+    def key_link(self, obj: UsageRecord) -> str:
+        return admin_link("admin:gateway_apikey_change", obj.key_id, obj.key.name if obj.key else "(none)", 24)
+
+    @admin.display(description="model", ordering="model_name")
+    def model_link(self, obj: UsageRecord) -> str:
+        return admin_link("admin:catalog_model_change", getattr(obj, "model_pk", None), obj.model_name)
+
+    @admin.display(description="endpoint", ordering="path")
+    def endpoint(self, obj: UsageRecord) -> str:
+        """The path asked for, and "streamed" for a streamed answer."""
+        return format_html("{}{}", cut(obj.path, 28), " (streamed)" if obj.stream else "")
+
+    @admin.display(description="tokens in / out")
+    def tokens(self, obj: UsageRecord) -> str:
+        return f"{obj.prompt_tokens if obj.prompt_tokens is not None else '-'} / " \
+               f"{obj.completion_tokens if obj.completion_tokens is not None else '-'}"
+
+    @admin.display(description="replica", ordering="replica_id")
+    def replica_link(self, obj: UsageRecord) -> str:
+        # Replicas that ended are pruned after the usage records they served (the same
+        # retention, and they ended later), so the page is there unless its agent was deleted.
+        if obj.replica_id is None:
+            return "-"
+        return admin_link("admin:fleet_replica_change", obj.replica_id, f"r{obj.replica_id}")
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, obj: UsageRecord) -> str:
+        if obj.upstream_status is not None and obj.upstream_status != obj.status:
+            return f"{obj.status} (upstream {obj.upstream_status})"
+        return str(obj.status)
+
+    @admin.display(description="TTFT", ordering="ttft_ms")
+    def ttft(self, obj: UsageRecord) -> str:
+        return _ms(obj.ttft_ms)
+
+    @admin.display(description="total", ordering="total_ms")
+    def total(self, obj: UsageRecord) -> str:
+        return _ms(obj.total_ms)
+
+    @admin.display(description="overhead", ordering="overhead_ms")
+    def overhead(self, obj: UsageRecord) -> str:
+        return _ms(obj.overhead_ms)
 
     def has_add_permission(self, request):
         return False
@@ -240,5 +309,66 @@ class UsageRecordAdmin(admin.ModelAdmin):
             return response
         fields = dict(requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
         response.context_data["totals_by_key"] = qs.values("key__name").annotate(**fields).order_by("-requests")
-        response.context_data["totals_by_model"] = qs.values("model_name").annotate(**fields).order_by("-requests")
+        response.context_data["totals_by_model"] = totals_by_model(
+            qs.values("model_name").annotate(**fields).order_by("-requests"), Model.known_names())
         return response
+
+
+#: The totals' and charts' name for records of a model no catalog model is called.
+UNKNOWN_MODEL = "unknown model"
+
+
+def totals_by_model(rows, known: set[str]) -> list[dict]:
+    """The usage list's totals per model (``rows``: ``{"model_name", "requests", "prompt",
+    "completion"}``, most requests first), with every name outside ``known`` (the catalog's
+    names and aliases: a client's invented ``gpt-4o``) summed in one :data:`UNKNOWN_MODEL`
+    row, so a client cannot add rows; still most requests first. The list's filter by model
+    name still finds each."""
+    out: list[dict] = []
+    unknown = {"model_name": UNKNOWN_MODEL, "requests": 0, "prompt": 0, "completion": 0, "unknown": True}
+    for row in rows:
+        if row["model_name"] in known:
+            out.append(row)
+        else:
+            for field in ("requests", "prompt", "completion"):
+                unknown[field] += row[field] or 0
+    if unknown["requests"]:
+        out.append(unknown)
+        out.sort(key=lambda r: -r["requests"])
+    return out
+
+
+#: How many of a model's newest usage records its page lists.
+RECENT_USAGE_ROWS = 10
+
+
+def model_usage_panel(model: Model) -> str:
+    """A model's page, "recent usage" (HTML, escaped): the last 24 hours' requests, errors
+    (status 400 and up), prompt and completion tokens and TTFT p95 (of the newest 10,000),
+    then its newest :data:`RECENT_USAGE_ROWS` records, and a link to all of them."""
+    records = UsageRecord.objects.filter(model_name=model.name)
+    day = records.filter(at__gte=timezone.now() - timedelta(days=1))
+    totals = day.aggregate(requests=Count("id"), errors=Count("id", filter=Q(status__gte=400)),
+                           prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    ttfts = sorted(day.exclude(ttft_ms=None).values_list("ttft_ms", flat=True)[:10_000])
+    p95 = _ms(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]) if ttfts else "-"
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                            "</tr>", (
+        (instant(r.at),
+         admin_link("admin:gateway_apikey_change", r.key_id, r.key.name if r.key else "(none)", 24),
+         cut(r.path, 28), r.status, f"{r.prompt_tokens or 0} / {r.completion_tokens or 0}", _ms(r.ttft_ms),
+         _ms(r.total_ms)) for r in records.select_related("key")[:RECENT_USAGE_ROWS]))
+    listing = reverse("admin:gateway_usagerecord_changelist") + "?" + urlencode({"model_name": model.name})
+    return format_html(
+        '<div class="llmgw-usage"><p id="usage-24h">Last 24 hours: {} requests, {} errors, {} prompt and {} '
+        "completion tokens, TTFT p95 {}.</p>"
+        '<table><thead><tr><th>at</th><th>key</th><th>endpoint</th><th>status</th><th>tokens in / out</th>'
+        '<th>TTFT</th><th>total</th></tr></thead><tbody>{}</tbody></table><p><a href="{}">Every usage record of this '
+        "model</a></p></div>",
+        f"{totals['requests']:,}", f"{totals['errors']:,}", f"{totals['prompt'] or 0:,}",
+        f"{totals['completion'] or 0:,}", p95, rows, listing)
+
+
+# The catalog's admin (which imports nothing from the gateway) shows a model's usage from here.
+ModelAdmin.usage_panel = staticmethod(model_usage_panel)
+ModelAdmin.usage_panel_permission = "gateway.view_usagerecord"

@@ -27,12 +27,14 @@ Answers, all 503 with ``Retry-After`` (``code``):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.http import HttpResponse
 
 from fleet.live import Failures, ModelStatus, View
+from gateway import metrics
 from gateway.errors import openai_error
 
 
@@ -53,6 +55,22 @@ def hold_start(status: ModelStatus, trust_after: float) -> HoldStart:
     """The :class:`HoldStart` of a request that starts holding now, ``status`` being its
     model's status in the view it last read."""
     return HoldStart(trust_after, status.failures.last_at if status.failures else None)
+
+
+def began_holding(name: str) -> float:
+    """Count a request of model ``name`` as held now (``llmgw_requests_held``, and the total
+    ``llmgw_requests_held_for_cold_start``); returns the monotonic start for :func:`ended_holding`."""
+    metrics.HELD.inc()
+    metrics.HELD_BY_MODEL.labels(name).inc()
+    return time.monotonic()
+
+
+def ended_holding(name: str, began: float) -> None:
+    """The hold :func:`began_holding` counted is over, whatever ended it: no longer held, and
+    its duration observed (``llmgw_request_hold_seconds``)."""
+    metrics.HELD.dec()
+    metrics.HELD_BY_MODEL.labels(name).dec()
+    metrics.HOLD_TIME.labels(name).observe(time.monotonic() - began)
 
 
 def verdict(name: str, on_demand: bool, status: ModelStatus, view: View, now: datetime,

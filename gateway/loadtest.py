@@ -1,6 +1,6 @@
 """Measuring a model's capacity through the gateway (``llmgw bench``).
 
-Ramp concurrency 1, 2, 4, … ; at each step send streamed chat requests with realistic
+Ramp concurrency 1, 2, 4, … and the cap itself; at each step send streamed chat requests with realistic
 prompts, measure TTFT (first content chunk) and TPOT (time per output token after the
 first), and stop at the first step that misses the SLO. The highest step that met it,
 divided by the ready replicas, is the measured max concurrency per replica that load
@@ -26,6 +26,29 @@ PROMPTS = [
     "What are the trade-offs between SQLite and PostgreSQL for a small web app?",
     "Describe how a reconcile loop keeps a cluster in its desired state.",
 ]
+
+#: The fewest answered requests a step's p95 is worth reading from: a p95 is the slowest one
+#: request in twenty, so with fewer it is simply the slowest request, and one slow answer
+#: decides the step. ``llmgw bench`` warns below it.
+MIN_REQUESTS_FOR_P95 = 20
+
+
+def concurrency_steps(max_concurrency: int) -> list[int]:
+    """The ramp's steps: 1, 2, 4, … below ``max_concurrency``, then ``max_concurrency``
+    itself, so the cap is always measured (6 gives 1, 2, 4, 6); [] below 1."""
+    steps, concurrency = [], 1
+    while concurrency < max_concurrency:
+        steps.append(concurrency)
+        concurrency *= 2
+    if max_concurrency >= 1:
+        steps.append(max_concurrency)
+    return steps
+
+
+def requests_for_step(concurrency: int, requests_per_step: int | None = None) -> int:
+    """Requests sent at one step: ``requests_per_step``, else max(:data:`MIN_REQUESTS_FOR_P95`,
+    3 × concurrency)."""
+    return requests_per_step or max(MIN_REQUESTS_FOR_P95, 3 * concurrency)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -133,23 +156,48 @@ async def run_step(base_url: str, api_key: str, model: str, concurrency: int, re
 
 @dataclass
 class RampResult:
+    """The steps run, in order, and the highest concurrency that met the SLO (None: none
+    did). ``max_concurrency``: the ramp's cap."""
+
     steps: list[StepResult]
     best_concurrency: int | None
+    max_concurrency: int | None = None
 
     def as_json(self) -> list[dict]:
         return [s.summary() for s in self.steps]
+
+    @property
+    def capped(self) -> bool:
+        """Every step met the SLO and the ramp stopped at its cap: the capacity may be higher
+        than ``best_concurrency`` (a lower bound, not a measurement)."""
+        return bool(self.steps) and self.best_concurrency == self.steps[-1].concurrency
+
+    def warnings(self) -> list[str]:
+        """Why the result may not be what it seems, in sentences for the operator: capped by
+        the ramp's cap (the SLO was never crossed), or a step's p95 read from fewer than
+        :data:`MIN_REQUESTS_FOR_P95` requests."""
+        found = []
+        if self.capped:
+            found.append(f"every step met the SLO up to concurrency {self.best_concurrency}, the cap "
+                         f"(--max-concurrency {self.max_concurrency}): the SLO was never crossed, so the capacity "
+                         "may be higher and the figure is a lower bound (raise --max-concurrency to measure it)")
+        few = [s for s in self.steps if s.requests + s.errors < MIN_REQUESTS_FOR_P95]
+        if few:
+            found.append("TTFT p95 measured from too few requests at concurrency "
+                         + ", ".join(f"{s.concurrency} ({s.requests + s.errors} requests)" for s in few)
+                         + f": a p95 needs at least {MIN_REQUESTS_FOR_P95} (raise --requests-per-step)")
+        return found
 
 
 async def ramp(base_url: str, api_key: str, model: str, slo_ttft_p95_ms: float, slo_tpot_p95_ms: float | None,
                max_concurrency: int = 64, requests_per_step: int | None = None, max_tokens: int = 32,
                progress=None) -> RampResult:
-    """Concurrency 1, 2, 4, … up to ``max_concurrency``; stops at the first step missing the
+    """Concurrency 1, 2, 4, … then ``max_concurrency`` (:func:`concurrency_steps`); stops at the first step missing the
     SLO. ``progress(step_concurrency, done, total)`` is called as requests finish."""
     steps: list[StepResult] = []
     best = None
-    concurrency = 1
-    while concurrency <= max_concurrency:
-        total = requests_per_step or max(8, 3 * concurrency)
+    for concurrency in concurrency_steps(max_concurrency):
+        total = requests_for_step(concurrency, requests_per_step)
         done = [0]
 
         def tick(c=concurrency, t=total):
@@ -162,5 +210,4 @@ async def ramp(base_url: str, api_key: str, model: str, slo_ttft_p95_ms: float, 
         if not step.meets(slo_ttft_p95_ms, slo_tpot_p95_ms):
             break
         best = concurrency
-        concurrency *= 2
-    return RampResult(steps, best)
+    return RampResult(steps, best, max_concurrency)

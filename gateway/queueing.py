@@ -23,7 +23,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from fleet import live
-from gateway import admission, cache
+from gateway import admission, cache, metrics
 from gateway.errors import openai_error
 from gateway.models import Priority
 from gateway.quotas import Tenancy
@@ -67,6 +67,7 @@ async def wait_for_slot(model, ex, tenancy: Tenancy, priority: int, cost_of: Cal
         ticket = admission.ticket(Priority.NORMAL, "*", 1.0, max(1, cost))
     else:
         ticket = admission.ticket(priority, tenancy.tenant, tenancy.weight, max(1, cost))
+    _names[model.id] = model.name  # before the gate is made: its depth is reported by name
     gate = admission.gate_for(model.id)
     wait_s = float(cache.admission_settings().admission_wait_s)
     try:
@@ -74,6 +75,7 @@ async def wait_for_slot(model, ex, tenancy: Tenancy, priority: int, cost_of: Cal
     except admission.QueueTimeout as exc:
         return exc.response(model.name)
     ex.on_finish.append(release)
+    ex.waited(waited_s)  # time in the queue is not the gateway's overhead
     if gate.depth():
         _ensure_resizer()
     return None
@@ -102,4 +104,17 @@ async def _follow_capacity() -> None:
             gate.resize(None if capacity is None else capacity[1])
 
 
-admission.set_depth_listener(live.set_queued)
+#: Model id → its catalog name, for the ``llmgw_requests_queued`` gauge (the queues know ids).
+_names: dict[int, str] = {}
+
+
+def _depth_changed(model_id: int, depth: int) -> None:
+    """A model's admission queue depth moved: the scaler's demand (``fleet.live.set_queued``)
+    and ``llmgw_requests_queued{model}``."""
+    live.set_queued(model_id, depth)
+    name = _names.get(model_id)
+    if name is not None:
+        metrics.QUEUED.labels(name).set(depth)
+
+
+admission.set_depth_listener(_depth_changed)

@@ -113,5 +113,5 @@ def choose(endpoints: tuple[Endpoint, ...], exclude: set[int] = frozenset(), pol
         return None
     endpoint, decision = chosen
     if model_name:
-        metrics.ROUTING.labels(model_name, policy, decision.outcome).inc()
+        metrics.child(metrics.ROUTING, model_name, policy, decision.outcome).inc()
     return endpoint

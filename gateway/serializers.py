@@ -43,6 +43,10 @@ class ModelBudgetSerializer(RefuseUnknownFields, serializers.ModelSerializer):
         fields = ["model", "tokens_per_day", "tokens_per_month"]
 
     def validate(self, attrs: dict) -> dict:
+        # A PATCH of the owner is partial, and DRF makes every nested field optional with
+        # it; a budget without its model has no meaning, partial or not.
+        if "model" not in attrs:
+            raise serializers.ValidationError({"model": "Name the model this budget is for."})
         if attrs.get("tokens_per_day") is None and attrs.get("tokens_per_month") is None:
             raise serializers.ValidationError(ModelBudget.EMPTY)
         return attrs

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 
 from gateway import cache, quotas, tenants
@@ -136,11 +136,21 @@ def _from_records(check: Check) -> int | None:
     rows = _records_of(check).filter(at__gte=datetime.fromtimestamp(end_s - 60, tz=timezone.utc),
                                      at__lt=datetime.fromtimestamp(end_s, tz=timezone.utc))
     if check.kind == quotas.REQUESTS:
-        # Admitted requests only: a 429 the gateway gave itself (no upstream answered) was
-        # refused at admission and never counted.
-        return rows.exclude(status=429, upstream_status__isnull=True).aggregate(n=Count("id"))["n"]
+        return counted_by_the_limiter(rows).aggregate(n=Count("id"))["n"]
     total = rows.aggregate(total=Sum(Coalesce(F("prompt_tokens"), 0) + Coalesce(F("completion_tokens"), 0)))["total"]
     return int(total or 0)
+
+
+def counted_by_the_limiter(records):
+    """The usage records whose requests the requests-per-minute counter counts: those
+    admitted (``gateway.proxy``: ``tenants.admit``) and not taken back. A record the gateway
+    answered itself (no ``upstream_status``) with a 4xx was not: refused before admission
+    (400 a bad body, 401, 403, 404 an unknown model or endpoint, 413) or at it (429), or
+    refused after it with a 400 that ``tenants.settle`` takes back; 499 (the client left) is
+    counted, as are 5xx and everything an upstream answered. Read from records this is close,
+    not exact: a 429 after a queue wait ran out was counted and a 503 of a stopped cluster
+    was not."""
+    return records.exclude(Q(upstream_status__isnull=True, status__gte=400, status__lt=500) & ~Q(status=499))
 
 
 def _peek(counters, keys: list[str]) -> list[int | None]:

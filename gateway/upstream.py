@@ -10,6 +10,7 @@ query string goes as the client sent it (:func:`upstream_url`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import weakref
 
@@ -65,7 +66,49 @@ def upstream_client() -> aiohttp.ClientSession:
 
 
 class Refused(Exception):
-    """The replica refused the connection before any byte was sent."""
+    """No connection could be made to the upstream, so nothing was sent (a replica's
+    request may go to another one). ``reason`` says why in words for the client
+    (:func:`connect_failure`: ``"connection refused"``); the exception's text keeps the
+    library's own words, with the address, for the log."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    """Why a connection could not be made, in plain words and without the address:
+    ``"its host name did not resolve"``, ``"its TLS certificate was not accepted"``,
+    ``"the TLS handshake failed"``, ``"connection refused"``, ``"no route to its host"``,
+    ``"its network is unreachable"``, ``"the connection was reset"``, else ``"the
+    connection failed"``. aiohttp's own text (``Cannot connect to host 10.0.0.5:8000
+    ssl:default [Connect call failed ('10.0.0.5', 8000)]``) is for the log only."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name did not resolve"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate was not accepted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    number = getattr(getattr(exc, "os_error", None), "errno", None)
+    return _ERRNO_WORDS.get(number, "the connection failed")
+
+
+_ERRNO_WORDS = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to its host",
+                errno.ENETUNREACH: "its network is unreachable", errno.ECONNRESET: "the connection was reset",
+                errno.ETIMEDOUT: "the connection timed out", errno.EADDRNOTAVAIL: "its address is not available"}
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s:g} s"
+
+
+def timeout_words(exc: BaseException) -> str:
+    """A timeout in words with the limit that ran out: ``"did not accept a connection
+    within 5 s"`` (``LLMGW_UPSTREAM_CONNECT_TIMEOUT``) or ``"did not answer within 600 s"``
+    (``LLMGW_UPSTREAM_READ_TIMEOUT``, the longest silence while reading)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return f"did not accept a connection within {_seconds(settings.LLMGW_UPSTREAM_CONNECT_TIMEOUT_S)}"
+    return f"did not answer within {_seconds(settings.LLMGW_UPSTREAM_READ_TIMEOUT_S)}"
 
 
 class UpstreamAnswerTooLarge(aiohttp.ClientPayloadError):
@@ -104,11 +147,13 @@ def request_headers(request: HttpRequest, model) -> dict[str, str]:
 
 
 async def open_upstream(url: str | URL, content: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-    """The upstream's response, headers read, body not yet (the caller releases it)."""
+    """The upstream's response, headers read, body not yet (the caller releases it).
+    Raises :class:`Refused` when no connection could be made, ``asyncio.TimeoutError``
+    (:func:`timeout_words`) and any other ``aiohttp.ClientError`` (:func:`what_broke`)."""
     try:
         return await upstream_client().post(url, data=content, headers=headers, allow_redirects=False)
     except aiohttp.ClientConnectorError as exc:
-        raise Refused(str(exc)) from exc
+        raise Refused(connect_failure(exc), str(exc)) from exc
 
 
 def relayed_header(name: str, connection: str = "") -> bool:
@@ -176,10 +221,13 @@ def upstream_url(url: str, query: bytes) -> str | URL:
 
 
 def what_broke(exc: BaseException) -> str:
-    """An upstream failure in words for the client ("the connection was closed"), never a
-    library's class name (the log keeps that)."""
+    """An upstream failure in words for the client ("the connection was closed", "it did
+    not answer within 600 s"), never a library's class name or an address (the log keeps
+    those)."""
     if isinstance(exc, asyncio.TimeoutError):
-        return "it did not answer in time"
+        return f"it {timeout_words(exc)}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return connect_failure(exc)
     if isinstance(exc, UpstreamAnswerTooLarge) or type(exc).__name__ == "EventTooLarge":
         return "its answer was over the size limit"
     if type(exc).__name__ == "StreamEnded":

@@ -62,7 +62,8 @@ async def not_found(request: HttpRequest, exception=None) -> HttpResponse:
 
 async def prometheus(request: HttpRequest) -> HttpResponse:
     """/metrics in Prometheus' text format; behind ``LLMGW_METRICS_TOKEN`` when it is set
-    (401 without it)."""
+    (401 without it). Answered while the database is away too, without the series read
+    from it (``llmgw.metrics.render``)."""
     expected = settings.LLMGW_METRICS_TOKEN
     if expected:
         given = tokens.token_from_authorization(request.headers.get("Authorization"))

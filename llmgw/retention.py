@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from catalog.models import ClusterSettings
-from fleet.models import Replica, ScalingEvent
+from fleet.models import GpuSample, OperatorAction, Replica, ScalingEvent
 from fleet.states import ENDED
 from fleet.tasks import schedules_table_ready
 from gateway.models import UsageRecord
@@ -46,11 +46,12 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
     """Delete history older than ``ClusterSettings.history_retention_days`` (0 keeps all),
     in batches, for at most ``budget_s`` seconds (and ``max_rows`` per table, if given).
 
-    Returns ``{"usage_records": n, "scaling_events": n, "replicas": n}``, rows deleted. Only
+    Returns ``{"usage_records": n, "scaling_events": n, "replicas": n, "gpu_samples": n,
+    "operator_actions": n}``, rows deleted. Only
     replicas that ended (stopped, failed) go; the reconciler looks back one hour for crash
     loops, far inside the shortest retention (one day)."""
     days = ClusterSettings.get_solo().history_retention_days
-    counts = {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+    counts = {"usage_records": 0, "scaling_events": 0, "replicas": 0, "gpu_samples": 0, "operator_actions": 0}
     if not days:
         return counts
     cutoff = (now or timezone.now()) - timedelta(days=min(days, 36500))  # a century: nothing to prune
@@ -60,6 +61,8 @@ def prune_history(now: datetime | None = None, max_rows: int | None = None,
     counts["replicas"] = _delete_in_batches(
         Replica.objects.in_states(ENDED).filter(state_changed_at__lt=cutoff), deadline, max_rows)
     counts["usage_records"] = _delete_in_batches(UsageRecord.objects.filter(at__lt=cutoff), deadline, max_rows)
+    counts["gpu_samples"] = _delete_in_batches(GpuSample.objects.filter(at__lt=cutoff), deadline, max_rows)
+    counts["operator_actions"] = _delete_in_batches(OperatorAction.objects.filter(at__lt=cutoff), deadline, max_rows)
     if any(counts.values()):
         log.info("history older than %d days deleted: %s", days, counts)
     return counts

@@ -204,6 +204,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+#: The admin's instants read "2026-12-04 18:47:12 UTC" (llmgw/formats/), not "Dec. 4, 2026, 6:47 p.m.".
+FORMAT_MODULE_PATH = ["llmgw.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
@@ -223,6 +225,8 @@ REST_FRAMEWORK = {
     # (DRF's None would trust a client-written X-Forwarded-For and so dodge the throttle).
     "NUM_PROXIES": env_int("NUM_PROXIES", 0, minimum=0),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Missing or wrong credentials: always 401 with WWW-Authenticate, never DRF's 403.
+    "EXCEPTION_HANDLER": "llmgw.rest.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw control plane API",
@@ -273,6 +277,9 @@ LLMGW_LEADER_RENEW_S = env_duration_s("LEADER_RENEW", 1.0)
 #: finish for this long, then kills what is left of its task cluster and exits.
 LLMGW_WORKER_STOP_GRACE_S = env_duration_s("WORKER_STOP_GRACE", 10.0)
 LLMGW_USAGE_FLUSH_INTERVAL_S = env_duration_s("USAGE_FLUSH_INTERVAL", 1.0)
+#: A web process served with the lifespan protocol (uvicorn: ``llmgw up``, ``llmgw web``)
+#: writes its log lines from a thread (``llmgw.logqueue``), never from its event loop.
+LLMGW_LOG_WRITER_THREAD = env_bool("LOG_WRITER_THREAD", True)
 #: ``LLMGW_ADMISSION_ORDER``: ``fair`` (priority, then a weighted fair share across teams)
 #: or ``fifo`` (arrival order: the baseline bench/tenants.py measures against).
 LLMGW_ADMISSION_ORDER = env_str("ADMISSION_ORDER", "fair")
@@ -317,7 +324,16 @@ LLMGW_COLD_STARTS_CACHE_S = env_duration_s("COLD_STARTS_CACHE", 60.0)
 LLMGW_AGENT_ROUTE_GRACE_S = env_duration_s("AGENT_ROUTE_GRACE", 12.0)
 LLMGW_CONTROL_PLANE_HEARTBEAT_S = env_duration_s("CONTROL_PLANE_HEARTBEAT", 5.0)
 LLMGW_LOAD_STALE_S = env_duration_s("LOAD_STALE", 15.0)
+#: Least time between two stored readings (``fleet.models.GpuSample``) of one agent's GPUs,
+#: the admin's GPU charts' resolution; the last reading on ``Gpu`` (``/metrics``) is always kept.
+LLMGW_GPU_SAMPLE_EVERY_S = env_duration_s("GPU_SAMPLE_EVERY", 60.0)
 LLMGW_DASHBOARD_REFRESH_S = env_duration_s("DASHBOARD_REFRESH", 5.0)
+#: /readyz (``llmgw.health``): each check (database, channel layer, the watcher's first
+#: refresh) is given this long, so a probe is answered within about it, never hangs.
+LLMGW_READY_TIMEOUT_S = env_duration_s("READY_TIMEOUT", 1.5)
+#: /readyz fails once this process's watcher (its routing table, keys and models) has not
+#: refreshed for this long (it refreshes every ``LLMGW_WATCH_INTERVAL`` while the database answers).
+LLMGW_READY_WATCH_STALE_S = env_duration_s("READY_WATCH_STALE", 10.0)
 #: /v1/ requires an API key (``llmgw keys create``). Off only for trusted development setups.
 LLMGW_GATEWAY_AUTH = env_bool("GATEWAY_AUTH", True)
 #: ``LLMGW_METRICS_PUBLIC=1``: /metrics needs no token, even one ``llmgw up`` generated.

@@ -27,8 +27,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="address engines listen on (default: the advertised one; 0.0.0.0 or :: listen on "
                              "every interface, which the engine key still guards; env LLMGW_ENGINE_BIND_HOST)")
     parser.add_argument("--port-range", default=env("LLMGW_ENGINE_PORTS", "20000-20999"), help="engine ports, outside 32768-60999")
-    parser.add_argument("--heartbeat-s", type=float, default=float(env("LLMGW_AGENT_HEARTBEAT_S", "5")))
-    parser.add_argument("--stop-grace-s", type=float, default=float(env("LLMGW_ENGINE_STOP_GRACE_S", "10")))
+    parser.add_argument("--heartbeat-s", type=float, default=float(env("LLMGW_AGENT_HEARTBEAT_S", "5")),
+                        help="seconds between heartbeats to the control plane (default 5; env LLMGW_AGENT_HEARTBEAT_S)")
+    parser.add_argument("--stop-grace-s", type=float, default=float(env("LLMGW_ENGINE_STOP_GRACE_S", "10")),
+                        help="seconds an engine has to exit after SIGTERM before SIGKILL (default 10; "
+                             "env LLMGW_ENGINE_STOP_GRACE_S)")
     parser.add_argument("--unready-fail-s", type=float, default=float(env("LLMGW_ENGINE_UNREADY_FAIL_S", "30")),
                         help="fail a ready engine that refuses or errors on its readiness path this long")
     parser.add_argument("--hung-fail-s", type=float, default=float(env("LLMGW_ENGINE_HUNG_FAIL_S", "300")),

@@ -21,7 +21,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from fleet import protocol
 from fleet.agent import VERSION
 from fleet.agent.engines import AgentConfig, EngineManager
-from fleet.agent.inventory import read_inventory
+from fleet.agent.inventory import current_gpus, read_inventory
 from fleet.agent.processes import StateDirInUse, hold_state_dir
 
 log = logging.getLogger("llmgw.agent")
@@ -36,6 +36,8 @@ class ClientOptions:
     name: str = ""
     advertise_address: str = ""
     heartbeat_s: float = 5.0
+    #: How often a heartbeat carries every GPU's reading (memory, utilisation, temperature).
+    gpu_readings_s: float = 15.0
     backoff_max_s: float = 10.0
     stop_engines_on_exit: bool = False
 
@@ -156,13 +158,20 @@ class Agent:
         that carries every ready replica's load as last read from its engine's metrics (the
         engine manager reads them every ``load_poll_s`` whether or not they change), so the
         control plane's load stamp stays fresh while the load is steady (docs/architecture.md,
-        R7 and "Agent protocol": heartbeat)."""
+        R7 and "Agent protocol": heartbeat). At most every ``gpu_readings_s`` a heartbeat also
+        carries every GPU's reading (``protocol.GpuReading``); a machine without GPUs sends none."""
+        readings_at = asyncio.get_running_loop().time()  # the hello carried the first reading
         while True:
             try:
                 async with asyncio.timeout(self.options.heartbeat_s):  # not wait_for (gh-86296)
                     await self._status_due.wait()
             except asyncio.TimeoutError:
-                await ws.send(json.dumps(protocol.heartbeat(protocol.loads_of(self.manager.reports()))))
+                gpus = None
+                now = asyncio.get_running_loop().time()
+                if now - readings_at >= self.options.gpu_readings_s:
+                    readings_at = now
+                    gpus = await self._gpu_readings()
+                await ws.send(json.dumps(protocol.heartbeat(protocol.loads_of(self.manager.reports()), gpus)))
                 continue
             self._status_due.clear()
             status: protocol.Status = {
@@ -172,6 +181,14 @@ class Agent:
             await ws.send(json.dumps(status))
             self.manager.sent(status["replicas"])
             await asyncio.sleep(0.05)  # coalesce bursts of changes
+
+    async def _gpu_readings(self) -> list[protocol.GpuReading]:
+        """Every GPU's reading now (read in a thread: NVML blocks); [] if it cannot be read."""
+        try:
+            return protocol.readings_of(await asyncio.to_thread(current_gpus))
+        except Exception as exc:  # noqa: BLE001 (a reading must never end the session)
+            log.warning("could not read the GPUs for a heartbeat: %s", exc)
+            return []
 
     def _reexec(self) -> None:
         """Replace this process with a fresh agent; engines keep running and are adopted."""

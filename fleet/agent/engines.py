@@ -41,11 +41,15 @@ from fleet.agent.launch import engine_environment, probe_host, render_command, r
 from fleet.agent.processes import (group_gone, kill_group, kill_leftovers, process_alive, process_start_time,
                                    read_state, reap_children, wait_exit, write_state)
 from fleet.agent.weights import WeightsError, fetch_weights, weights_context_length
-from fleet.protocol import AssignedReplica, ReplicaReport, port_free
+from fleet.protocol import AssignedReplica, ReplicaReport, error_excerpt, port_free
 from fleet.states import ReplicaState
 
 log = logging.getLogger(__name__)
 S = ReplicaState
+
+#: How much of an engine's log end is read for its error: enough for a long traceback (vLLM
+#: prefixes each of its lines), whose cause the error keeps ahead of the last lines.
+LOG_WINDOW_BYTES = 32768
 
 
 @dataclass
@@ -175,16 +179,18 @@ class Engine:
                 "log_path": str(self.log_path) if self.log_path else None, "started_at": self.started_at,
                 "stopping": False}
 
-    def log_tail(self, lines: int = 15) -> str:
-        """The log's last ``lines`` lines, within its last 8 KiB, each whole: a line cut by
-        the window is left out (a key printed on it would be cut too, and its end would
-        pass the masking of the whole key)."""
+    def log_tail(self, lines: int = 15, secret: str = "") -> str:
+        """The log's last ``lines`` lines, within its last :data:`LOG_WINDOW_BYTES`, each
+        whole: a line cut by the window is left out (a key printed on it would be cut too,
+        and its end would pass the masking of the whole key). The line that says what went
+        wrong comes first when it lies above them, and ``secret`` is masked before any cut
+        (``fleet.protocol.error_excerpt``)."""
         if self.log_path is None:
             return ""
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
-                start = max(0, fh.tell() - 8192)
+                start = max(0, fh.tell() - LOG_WINDOW_BYTES)
                 if start:
                     fh.seek(start - 1)  # the byte before the window: is its first line whole?
                     whole = fh.read(1) == b"\n"
@@ -196,7 +202,7 @@ class Engine:
             return ""
         if not whole:
             data = data.partition(b"\n")[2]
-        return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
+        return error_excerpt(data.decode("utf-8", "replace"), lines, secret)
 
 
 class EngineManager:
@@ -581,10 +587,8 @@ class EngineManager:
                 await asyncio.sleep(0.5)
 
     async def _fail(self, engine: Engine, why: str) -> None:
-        tail = engine.log_tail()
-        key = str(engine.spec.get("api_key") or "")
-        if key:  # engines may print their arguments (SGLang its server_args): the key stays here
-            tail = tail.replace(key, "***")
+        # Engines may print their arguments (SGLang its server_args): the key stays here.
+        tail = engine.log_tail(secret=str(engine.spec.get("api_key") or ""))
         engine.error = why + (f"\n--- last log lines ---\n{tail}" if tail else "")
         log.warning("replica %s failed: %s", engine.replica_id, why)
         if engine.pid is not None:

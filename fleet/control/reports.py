@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import MAX_TOKENS_LIMIT, Model
 from llmgw import integers
 from fleet import protocol
-from fleet.models import Agent, Gpu, Replica
+from fleet.models import Agent, Gpu, GpuSample, Replica
 from fleet.control.reconciler import request_pass
 from fleet.control.snapshot import is_back
 from fleet.states import ASSIGNED_TO_AGENT, ReplicaState, can_transition
@@ -56,8 +59,42 @@ def _count(value, maximum: int = integers.INT32_MAX) -> int | None:
     return integers.count_or_none(value, maximum, strict=False)
 
 
-def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:
-    """Store the agent's GPUs, cores and RAM; True if its capacity changed. Malformed
+#: Readings outside these are a broken driver or a lying agent, stored as unknown (None).
+UTILISATION_RANGE_PCT = (0.0, 100.0)
+TEMPERATURE_RANGE_C = (-60.0, 200.0)
+#: The ``Gpu`` columns a reading sets.
+READING_FIELDS = ("memory_total_mib", "memory_used_mib", "utilisation_pct", "temperature_c")
+
+
+def _figure(value, low: float, high: float) -> float | None:
+    """A reported figure within ``low..high``, else None (absent, null, not a number, out of range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits: no float holds it
+        return None
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
+def _apply_reading(gpu: Gpu, reading: dict) -> None:
+    """Set ``gpu``'s reading columns from one GPU of an inventory or a heartbeat's ``gpus``:
+    memory (MiB) only when reported (an unknown figure, or more used than the total, keeps
+    the last known one: placement counts on it), utilisation and temperature always (None
+    when unknown)."""
+    total = _count(reading.get("memory_total_mib"))
+    if total is not None:
+        gpu.memory_total_mib = total
+    used = _count(reading.get("memory_used_mib"))
+    if used is not None and used <= gpu.memory_total_mib:  # more used than there is: not a reading
+        gpu.memory_used_mib = used
+    gpu.utilisation_pct = _figure(reading.get("utilisation_pct"), *UTILISATION_RANGE_PCT)
+    gpu.temperature_c = _figure(reading.get("temperature_c"), *TEMPERATURE_RANGE_C)
+
+
+def record_inventory(agent: Agent, inventory: protocol.Inventory, now: datetime | None = None) -> bool:
+    """Store the agent's GPUs (with their readings, sampled: :func:`sample_gpus`), cores and
+    RAM; True if its capacity changed (a GPU came or went, cores or RAM moved). Malformed
     entries are skipped."""
     if not isinstance(inventory, dict):
         return False
@@ -67,25 +104,66 @@ def record_inventory(agent: Agent, inventory: protocol.Inventory) -> bool:
         agent.cpu_cores, agent.memory_mib = cores, memory
         agent.save(update_fields=["cpu_cores", "memory_mib"])
         changed = True
-    seen = set()
+    reported: dict[int, dict] = {}
     gpus = inventory.get("gpus") if isinstance(inventory.get("gpus"), list) else []
     for gpu in gpus:
         index = _count(gpu.get("index"), 1023) if isinstance(gpu, dict) else None
-        if index is None:
-            continue
-        seen.add(index)
-        obj, created = Gpu.objects.update_or_create(
-            agent=agent, index=index,
-            defaults={
-                "uuid": str(gpu.get("uuid", ""))[:128],
-                "name": str(gpu.get("name", ""))[:128],
-                "memory_total_mib": _count(gpu.get("memory_total_mib")) or 0,
-                "memory_used_mib": _count(gpu.get("memory_used_mib")) or 0,
-            },
-        )
-        changed = changed or created
-    removed, _ = Gpu.objects.filter(agent=agent).exclude(index__in=seen).delete()
+        if index is not None:
+            reported[index] = gpu
+    stored = {g.index: g for g in Gpu.objects.filter(agent=agent)}
+    rows = []
+    for index, gpu in reported.items():
+        row = stored.get(index)
+        if row is None:
+            row = Gpu(agent=agent, index=index)
+            changed = True
+        row.uuid, row.name = str(gpu.get("uuid", ""))[:128], str(gpu.get("name", ""))[:128]
+        _apply_reading(row, gpu)
+        row.save()
+        rows.append(row)
+    removed, _ = Gpu.objects.filter(agent=agent).exclude(index__in=list(reported)).delete()
+    sample_gpus(agent, rows, now)
     return changed or bool(removed)
+
+
+def record_gpu_readings(agent_id: int, readings: list[protocol.GpuReading], now: datetime | None = None) -> int:
+    """Store a heartbeat's ``gpus`` (checked by ``protocol.check_fields``) on the agent's
+    ``Gpu`` rows and sample them (:func:`sample_gpus`); returns the samples written. A
+    reading of a GPU the inventory did not list is skipped (its hello or status adds it);
+    three queries, whatever the number of GPUs."""
+    by_index: dict[int, dict] = {}
+    for reading in readings if isinstance(readings, list) else []:
+        index = _count(reading.get("index"), 1023) if isinstance(reading, dict) else None
+        if index is not None:
+            by_index[index] = reading
+    if not by_index:
+        return 0
+    rows = list(Gpu.objects.filter(agent_id=agent_id, index__in=list(by_index)).select_related("agent"))
+    for row in rows:
+        _apply_reading(row, by_index[row.index])
+    if not rows:
+        return 0
+    Gpu.objects.bulk_update(rows, list(READING_FIELDS))
+    return sample_gpus(rows[0].agent, rows, now)
+
+
+def sample_gpus(agent: Agent, gpus: list[Gpu], now: datetime | None = None) -> int:
+    """Write one ``GpuSample`` per GPU of ``gpus`` (the agent's rows as just stored), unless
+    the agent's GPUs were sampled less than ``LLMGW_GPU_SAMPLE_EVERY_S`` ago; returns how
+    many were written. The admin's charts read them (pruned with usage records)."""
+    if not gpus:
+        return 0
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.LLMGW_GPU_SAMPLE_EVERY_S)
+    if GpuSample.objects.filter(agent=agent, at__gt=since).exists():
+        return 0
+    GpuSample.objects.bulk_create([
+        GpuSample(agent=agent, agent_name=agent.name, index=g.index, at=now, memory_used_mib=g.memory_used_mib,
+                  memory_total_mib=g.memory_total_mib, utilisation_pct=g.utilisation_pct,
+                  temperature_c=g.temperature_c)
+        for g in gpus
+    ])
+    return len(gpus)
 
 
 def record_hello(agent_id: int, message: protocol.Hello) -> None:

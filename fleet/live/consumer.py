@@ -38,6 +38,9 @@ REFUSED_CLOSE_CODE = 4401  # missing or unknown token (before accept: HTTP 403)
 BAD_HELLO_CLOSE_CODE = 4400  # a hello the control plane will not record (bad address)
 REVOKED_CLOSE_CODE = 4403  # its token was re-keyed, or the agent was deleted
 FAILED_CLOSE_CODE = 1011  # the consumer failed; the agent reconnects
+#: Seconds between two heartbeats' GPU readings written for one agent, at least: agents send
+#: them every 15 s; one sending faster gets no more database writes.
+GPU_READINGS_EVERY_S = 5.0
 
 
 def _token_from_scope(scope) -> str:
@@ -81,6 +84,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     #: The hash of the token it connected with: a re-key or delete makes it stale.
     token_sha256: str = ""
     _checked_at: float = 0.0
+    _gpu_readings_at: float = float("-inf")
     _hello_at: float | None = None
     _closed: bool = False
     _cleaned: bool = False
@@ -247,6 +251,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if kind == "heartbeat":
             # Its loads are written with the stamps, batched (fleet.live.watch.HeartbeatStamps).
             heartbeats.stamp(self.agent_id, reports.heartbeat_loads(message))
+            # Every few heartbeats: the GPUs' readings (a few queries), at most once per
+            # GPU_READINGS_EVERY_S whatever rate the agent sends them at.
+            if message.get("gpus") and time.monotonic() - self._gpu_readings_at >= GPU_READINGS_EVERY_S:
+                self._gpu_readings_at = time.monotonic()
+                await database_sync_to_async(reports.record_gpu_readings)(self.agent_id, message["gpus"])
         elif kind == "hello":
             self._route_as_reported(message)
             await database_sync_to_async(reports.record_hello)(self.agent_id, message)

@@ -537,7 +537,8 @@ class Watcher:
                 await self.flush_usage()
                 await self._register()
                 if self._database_away_since is not None:
-                    log.warning("database back after %.1f s", time.monotonic() - self._database_away_since)
+                    # Good news, not a problem: the outage's start was the warning.
+                    log.info("database back after %.1f s", time.monotonic() - self._database_away_since)
                     self._database_away_since = None
             except asyncio.CancelledError:
                 raise

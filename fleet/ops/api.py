@@ -18,14 +18,14 @@ from drf_spectacular.utils import (
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action, api_view, permission_classes
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import AuthenticationFailed, NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog.api import int_param
 from catalog.models import Model
-from llmgw import auth_throttle
+from llmgw import auth_throttle, rest
 from fleet.models import Agent, ApiToken, Replica
 from fleet.ops.explain import explain_model
 from llmgw.shown_once import shown_once_api_response
@@ -74,7 +74,7 @@ def cluster_stop(request):
 @permission_classes([requires(Act.START_CLUSTER)])
 def cluster_start(request):
     """Start the cluster: models are placed again as the catalog asks."""
-    changed = start_cluster()
+    changed = start_cluster(request.user.get_username())
     return Response({"stopped": False, "changed": changed})
 
 
@@ -103,13 +103,13 @@ class AgentViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def cordon(self, request, pk=None):
         """Place nothing new on this agent; what runs there keeps running."""
         agent = self.get_object()
-        return self._answer(agent, set_cordoned(agent, True))
+        return self._answer(agent, set_cordoned(agent, True, request.user.get_username()))
 
     @extend_schema(request=None, responses=AgentActionSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         agent = self.get_object()
-        return self._answer(agent, set_cordoned(agent, False))
+        return self._answer(agent, set_cordoned(agent, False, request.user.get_username()))
 
     @extend_schema(request=None, responses=AgentActionSerializer)
     @action(detail=True, methods=["post"])
@@ -210,7 +210,8 @@ class ExplainView(APIView):
 
 class ObtainToken(APIView):
     """POST username and password → a new REST API token, shown once (stored hashed; it
-    expires after ``LLMGW_API_TOKEN_TTL``). Failed attempts are counted per username and
+    expires after ``LLMGW_API_TOKEN_TTL``); a wrong username or password is a 401, a
+    missing or malformed field a 400. Failed attempts are counted per username and
     per client address: past ``LLMGW_AUTH_FAILURE_LIMIT`` in a window, 429 with
     ``Retry-After`` (``llmgw.auth_throttle``)."""
 
@@ -218,12 +219,15 @@ class ObtainToken(APIView):
     authentication_classes: list = []
     serializer_class = AuthTokenSerializer
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 429: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 401: OpenApiTypes.OBJECT,
+                              429: OpenApiTypes.OBJECT})
     def post(self, request):
         username = request.data.get("username") if hasattr(request.data, "get") else None
         attempt = auth_throttle.attempt(username, auth_throttle.client_address(request))
         serializer = AuthTokenSerializer(data=request.data, context={"request": request})
-        if not serializer.is_valid():
-            raise ValidationError(serializer.errors)  # a failure: it stays counted
+        if not serializer.is_valid():  # a failure: it stays counted
+            if rest.wrong_credentials(serializer.errors):
+                raise AuthenticationFailed("Wrong username or password.")  # 401 (llmgw.rest)
+            raise ValidationError(serializer.errors)
         attempt.succeeded()
         return shown_once_api_response({"token": ApiToken.issue(serializer.validated_data["user"])})

@@ -1,5 +1,7 @@
 """REST API authentication: hashed tokens (``Authorization: Token …`` or ``Bearer …``) that
-expire, and HTTP basic with failed attempts throttled (``llmgw.auth_throttle``)."""
+expire, and HTTP basic with failed attempts throttled (``llmgw.auth_throttle``). Every
+failure is a 401 with ``WWW-Authenticate: Token`` (``llmgw.rest.exception_handler``) whose
+``detail`` says what was wrong without repeating the credential."""
 
 from __future__ import annotations
 
@@ -32,10 +34,18 @@ class HashedTokenAuthentication(BaseAuthentication):
     recorded in ``last_used_at`` (at most once a minute per token)."""
 
     def authenticate(self, request):
-        token = tokens.token_from_authorization(request.META.get("HTTP_AUTHORIZATION"), schemes=("token", "bearer"))
+        header = request.META.get("HTTP_AUTHORIZATION")
+        token = tokens.token_from_authorization(header, schemes=("token", "bearer"))
         if token is None:
+            if (header or "").strip().lower().startswith("llmgw-"):  # a bare token, no scheme
+                raise exceptions.AuthenticationFailed(
+                    "The Authorization header lacks its scheme: send 'Authorization: Token YOUR_TOKEN'.")
             return None  # not ours (e.g. basic auth or another scheme)
         if not token.startswith("llmgw-api-"):  # our schemes, but not one of our tokens
+            if token.startswith("llmgw-"):
+                raise exceptions.AuthenticationFailed(
+                    "Invalid token: that is not a REST API token (llmgw-api-…); get one from POST "
+                    "/api/auth/token/. Gateway keys (llmgw-key-…) are for /v1/.")
             raise exceptions.AuthenticationFailed("Invalid token.")
         row = tokens.find_by_token(ApiToken.objects.select_related("user").filter(prefix=tokens.token_prefix(token)),
                                    token)

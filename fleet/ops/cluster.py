@@ -34,13 +34,14 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count
+from django.db.models import BooleanField, Case, Count, F, Value, When
 from django.utils import timezone
 
 from catalog.models import Model
 from fleet.control.planes import listening_since
 from fleet.control.specs import is_outdated, spec_hash
 from fleet.models import Agent, AgentQuerySet, ModelState, Replica
+from fleet.models import Gpu, ScalingEvent  # for /metrics (end of the file)
 from fleet.states import HOLDS_RESOURCES, LIVE, NOT_STOPPED, ReplicaState, moved_when_agent_lost
 
 #: How far back ``explain`` and the dashboard list stopped replicas, each with why it stopped.
@@ -176,3 +177,170 @@ def replica_note(replica: Replica, hashes: dict[int, str]) -> str:
 def models_not_looked_at() -> int:
     """Catalog models no reconcile pass has looked at yet."""
     return Model.objects.exclude(pk__in=ModelState.objects.looked_at().values("model_id")).count()
+
+
+# --- Agents' own health (``llmgw agents list``, ``llmgw status``) ----------------------------
+
+#: An agent's health in a word: connected and heard from; heard from lately but its
+#: websocket closed (its replicas stay until it is lost); silent past
+#: ``LLMGW_AGENT_LOST_AFTER`` (its replicas are replaced elsewhere); registered, never heard.
+ALIVE, DISCONNECTED, LOST, NEVER_CONNECTED = "alive", "disconnected", "lost", "never connected"
+
+
+def agent_health(agent: Agent, at: Moment) -> str:
+    """``agent``'s health in a word (:data:`ALIVE`, :data:`DISCONNECTED`, :data:`LOST`,
+    :data:`NEVER_CONNECTED`), by the same rules as every surface (the module's docstring)."""
+    if agent.last_seen_at is None and not agent.connected:
+        return NEVER_CONNECTED
+    if not at.agent_heard_from(agent):
+        return LOST
+    return ALIVE if agent.connected else DISCONNECTED
+
+
+def agents_health(at: Moment) -> list[dict]:
+    """Every agent, by name, as its operator watches it, in three queries whatever the fleet:
+    ``{"name", "health", "connected_since", "last_seen_at", "heartbeat_age_s" (seconds since
+    its last message, None if never), "cordoned", "version", "address", "gpus": [{"index",
+    "name", "memory_used_mib", "memory_total_mib", "utilisation_pct", "temperature_c"}]
+    (utilisation and temperature None when the agent has not reported them), "gpus_used"
+    (GPUs held by its replicas), "replicas": {shown state: count} (live replicas only)}``.
+    Instants are ISO 8601 strings."""
+    agents = list(Agent.objects.order_by("name").prefetch_related("gpus"))
+    by_id = {a.pk: a for a in agents}
+    replicas: dict[int, Counter] = {}
+    used: dict[int, set[int]] = {}
+    for replica in Replica.objects.live().only("agent_id", "state", "gpu_indices"):
+        state = at.replica_state(replica, by_id[replica.agent_id])
+        replicas.setdefault(replica.agent_id, Counter())[state.value] += 1
+        if state in HOLDS_RESOURCES:
+            used.setdefault(replica.agent_id, set()).update(replica.gpu_indices or [])
+    rows = []
+    for agent in agents:
+        age_s = (at.now - agent.last_seen_at).total_seconds() if agent.last_seen_at else None
+        rows.append({
+            "name": agent.name, "health": agent_health(agent, at),
+            "connected_since": agent.connected_since.isoformat() if agent.connected and agent.connected_since else None,
+            "last_seen_at": agent.last_seen_at.isoformat() if agent.last_seen_at else None,
+            "heartbeat_age_s": None if age_s is None else round(max(0.0, age_s), 1),
+            "cordoned": agent.cordoned, "version": agent.version, "address": agent.address,
+            "gpus": [{"index": g.index, "name": g.name, "memory_used_mib": g.memory_used_mib,
+                      "memory_total_mib": g.memory_total_mib, "utilisation_pct": g.utilisation_pct,
+                      "temperature_c": g.temperature_c} for g in sorted(agent.gpus.all(), key=lambda g: g.index)],
+            "gpus_used": len(used.get(agent.pk, set())),
+            "replicas": dict(sorted(replicas.get(agent.pk, Counter()).items())),
+        })
+    return rows
+
+
+# --- /metrics: what an operator alerts on (fleet.ops.metrics) ---------------------------------
+
+#: How far back ``/metrics`` counts scaling steps and replica failures.
+METRICS_WINDOW = timedelta(hours=1)
+#: The words a pass's verdict on a model in a crash loop starts with
+#: (``fleet.planning.planner.PlanningPass._wait_out_backoff`` and ``_explain_crash_loop``).
+CRASH_LOOP_WORDS = "crash loop"
+
+
+def _model_label(model_name: str | None, placed_as: str) -> str:
+    """A replica's model as a label: its catalog name, else the name it was placed under."""
+    return model_name or placed_as or "unknown"
+
+
+def live_replicas_by_model(at: Moment) -> dict[tuple[str, ReplicaState], int]:
+    """(model name, shown state) → replicas, for live replicas only (``fleet.states.LIVE``:
+    holding resources, or lost) — never the ended ones (stopped, failed), whose rows are
+    history and would count up until retention prunes them. In two grouped queries; a
+    replica of a deleted model counts under the name it was placed under."""
+    counts: Counter[tuple[str, ReplicaState]] = Counter()
+    rows = Replica.objects.live().values_list("model__name", "model_name", "state").annotate(n=Count("id"))
+    for name, placed_as, state, n in rows:
+        counts[(_model_label(name, placed_as), ReplicaState(state))] += n
+    on_lost = (Replica.objects.live().filter(agent__in=at.lost_agents())
+               .values_list("model__name", "model_name", "state").annotate(n=Count("id")))
+    for name, placed_as, state, n in on_lost:
+        stored, moved = ReplicaState(state), moved_when_agent_lost(state)
+        if moved != stored:
+            label = _model_label(name, placed_as)
+            counts[(label, stored)] -= n
+            counts[(label, moved)] += n
+    return {key: n for key, n in counts.items() if n > 0}
+
+
+def outdated_by_model() -> dict[str, int]:
+    """Catalog model name → its live replicas started from a spec it no longer has (the
+    ones the planner replaces: :func:`replica_outdated`), 0 for every other model. Two
+    queries."""
+    hashes, names = {}, {}
+    for m in Model.objects.select_related("profile"):
+        hashes[m.pk], names[m.pk] = spec_hash(m, m.profile), m.name
+    out = dict.fromkeys(names.values(), 0)
+    rows = (Replica.objects.live().filter(model_id__isnull=False)
+            .values_list("model_id", "spec_hash").annotate(n=Count("id")))
+    for model_id, started_from, n in rows:
+        if model_id in hashes and is_outdated(started_from, hashes[model_id]):
+            out[names[model_id]] += n
+    return out
+
+
+def scaling_steps_by_model(since: datetime) -> dict[tuple[str, str], int]:
+    """(model name, ``up`` or ``down``) → load-scaling steps (``ScalingEvent``) since
+    ``since``; both directions of every catalog model, zeros included. Two queries."""
+    out = {(name, direction): 0 for name in Model.objects.values_list("name", flat=True)
+           for direction in ("up", "down")}
+    rows = (ScalingEvent.objects.filter(at__gte=since)
+            .annotate(up=Case(When(to_replicas__gt=F("from_replicas"), then=Value(True)), default=Value(False),
+                              output_field=BooleanField()))
+            .values_list("model__name", "up").annotate(n=Count("id")))
+    for name, up, n in rows:
+        key = (name, "up" if up else "down")
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def crash_loops_by_model() -> dict[str, bool]:
+    """Catalog model name → whether the last pass's verdict on it is a crash loop (its
+    replicas keep failing: the next placement waits out a backoff, or the next try is under
+    way with none ready). One query."""
+    return {name: (reason or "").startswith(CRASH_LOOP_WORDS)  # no state row yet: no verdict, no loop
+            for name, reason in Model.objects.values_list("name", "fleet_state__reason")}
+
+
+def failures_by_model(since: datetime) -> dict[str, int]:
+    """Model name → its replicas that failed since ``since`` (the rows' ``state_changed_at``;
+    a deleted model's under the name they were placed under). One query."""
+    out: Counter[str] = Counter()
+    rows = (Replica.objects.filter(state=ReplicaState.FAILED.value, state_changed_at__gte=since)
+            .values_list("model__name", "model_name").annotate(n=Count("id")))
+    for name, placed_as, n in rows:
+        out[_model_label(name, placed_as)] += n
+    return dict(out)
+
+
+@dataclass(frozen=True)
+class GpuReadingRow:
+    """One GPU's last reading as ``/metrics`` shows it: memory in MiB, utilisation in
+    percent and temperature in °C (None: not reported)."""
+
+    agent: str
+    index: int
+    memory_used_mib: int
+    memory_total_mib: int
+    utilisation_pct: float | None
+    temperature_c: float | None
+
+
+def gpu_readings(at: Moment) -> list[GpuReadingRow]:
+    """The last reading of every GPU of the agents heard from (a lost agent's figures are
+    old news: left out, so no alert fires on a reading nobody refreshes). One query."""
+    rows = (Gpu.objects.filter(agent__in=at.heard_agents()).order_by("agent__name", "index")
+            .values_list("agent__name", "index", "memory_used_mib", "memory_total_mib", "utilisation_pct",
+                         "temperature_c"))
+    return [GpuReadingRow(*row) for row in rows]
+
+
+def heartbeat_ages_s(at: Moment) -> dict[str, float]:
+    """Agent name → seconds since the control plane last heard from it (its ``last_seen_at``,
+    written in batches by the web processes: up to a flush late), for every agent heard from
+    at least once. One query."""
+    return {name: max(0.0, (at.now - seen).total_seconds())
+            for name, seen in Agent.objects.filter(last_seen_at__isnull=False).values_list("name", "last_seen_at")}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from django.utils import timezone
@@ -18,6 +18,7 @@ from fleet.models import ModelState, QueueReport, Replica, ScalingEvent
 from fleet.ops import cluster as read
 from fleet.planning import routing, warmth
 from fleet.planning.scaling import RAMP_COLD_START_FACTOR, RAMP_TARGET, ScalingPolicy, Trend, ramp_applies
+from fleet.protocol import error_summary
 from fleet.states import ReplicaState
 
 #: An agent's own cold-start estimate is shown when it differs from the model's by this share
@@ -139,6 +140,31 @@ def warmth_info(model: Model, state: ModelState | None, cluster: ClusterSettings
             "ramp": ramp}
 
 
+def _second(when: datetime | None) -> str | None:
+    """An instant as ISO 8601 to the second (what people read), None for none."""
+    return when.replace(microsecond=0).isoformat() if when else None
+
+
+def last_failure(model: Model, at: read.Moment) -> dict | None:
+    """The model's newest failed replica while it still matters, JSON-ready: ``line``, the
+    meaningful line of its error (``fleet.protocol.error_summary``: the agent's words and
+    the log line that names the trouble, not the log's last line), ``at`` (when it failed,
+    ISO 8601 to the second), ``replica`` (its id), ``agent`` (its agent's name) and ``log``
+    (the whole error: the agent's words and the engine's last log lines). None when no
+    replica of it failed, or once the model is healthy again: a replica became ready after
+    the failure and is ready now, on an agent heard from."""
+    failed = (Replica.objects.filter(model=model, state=ReplicaState.FAILED.value).select_related("agent")
+              .order_by("-state_changed_at", "-id").first())
+    if failed is None:
+        return None
+    healed = (Replica.objects.ready().filter(model=model, agent__in=at.heard_agents(),
+                                             ready_at__gt=failed.state_changed_at).exists())
+    if healed:
+        return None
+    return {"line": error_summary(failed.error) or "failed (no error reported)", "at": _second(failed.state_changed_at),
+            "replica": failed.pk, "agent": failed.agent.name, "log": failed.error}
+
+
 def explain_model(model: Model) -> dict:
     """Everything known about why ``model`` runs what it runs (JSON-ready; times ISO 8601,
     durations in seconds). ``queued_at_gateway``: requests waiting in the web processes'
@@ -159,7 +185,7 @@ def explain_model(model: Model) -> dict:
     window = active_window(windows, timezone.now(), cluster.time_zone) if windows else None
     bench = Benchmark.objects.filter(model=model, profile_id=model.profile_id).first()
     events = list(ScalingEvent.objects.filter(model=model)[:5])
-    failed = [r for r in replicas if shown[r.pk] == ReplicaState.FAILED]
+    failure = last_failure(model, at)
     stopped_since = timezone.now() - read.RECENTLY_STOPPED
     stopped = [r for r in replicas if shown[r.pk] == ReplicaState.STOPPED and r.state_changed_at >= stopped_since]
     return {
@@ -173,7 +199,12 @@ def explain_model(model: Model) -> dict:
             model.pk, 0),
         "scaling_events": [{"at": e.at.isoformat(), "from": e.from_replicas, "to": e.to_replicas, "why": e.reason}
                            for e in events],
-        "last_failure": failed[0].error if failed else None,
+        # The meaningful line of the newest failure, when it failed and its whole error; all
+        # None once the model is healthy again (a replica ready since).
+        "last_failure": failure["line"] if failure else None,
+        "last_failure_at": failure["at"] if failure else None,
+        "last_failure_replica": failure["replica"] if failure else None,
+        "last_failure_log": failure["log"] if failure else None,
         "on_demand": model.on_demand,
         "external": model.is_external,
         # Without {api_key} its engines serve anyone who reaches their ports (docs/architecture.md,
@@ -194,7 +225,7 @@ def explain_model(model: Model) -> dict:
         "reason": read.model_reason(state),
         "replicas": [
             {"id": r.pk, "agent": r.agent.name, "state": shown[r.pk].value, "port": r.port, "reason": r.reason,
-             "error": r.error.splitlines()[0] if r.error else "", "outdated": read.replica_outdated(r, hashes),
+             "error": error_summary(r.error), "outdated": read.replica_outdated(r, hashes),
              "note": read.replica_note(r, hashes)}
             for r in replicas if shown[r.pk] != ReplicaState.STOPPED
         ],
@@ -205,3 +236,89 @@ def explain_model(model: Model) -> dict:
             for r in stopped[:5]
         ],
     }
+
+
+def _when(iso: str | None, none: str = "—") -> str:
+    """An ISO instant from :func:`explain_model` for people, to the second, in UTC, as the
+    CLI writes every time (``llmgw.cli.output.when``): ``2026-12-04 18:23:33 UTC``; ``none``
+    for None or ""."""
+    if not iso:
+        return none
+    value = datetime.fromisoformat(iso)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+#: How many of the failed engine's last log lines :func:`explain_text` shows.
+FAILURE_LOG_LINES = 15
+
+
+def explain_text(info: dict) -> str:
+    """:func:`explain_model`'s answer for people, as ``llmgw explain`` prints it and the
+    model's admin page shows it: one line a fact, times to the second, newline-terminated."""
+    out: list[str] = []
+    window = f"; the window in force: {info['window_now']}" if info.get("window_now") else ""
+    out.append(f"{info['model']}: {info['ready']} ready of {info['desired']} desired"
+               f" (min {info['min_replicas']}, max {info['max_replicas']}{', on demand' if info['on_demand'] else ''}"
+               f"{window})")
+    out.append(f"  why:         {info['reason']}")
+    out.append(f"  limits:      {info['limits']['text']}")
+    out.append(f"  endpoints:   {', '.join(info['limits']['served_endpoints'])}")
+    out.append(f"  routing:     {info['routing']['text']}")
+    if info.get("engine_protected") is False:
+        out.append("  UNPROTECTED: its profile starts engines without {api_key}: anyone who reaches an engine's"
+                   " port can use it around the gateway")
+    if info["on_demand"]:
+        out.append(f"  wanted at:   {_when(info['wanted_at'], none='not wanted (no request within its idle timeout)')}")
+    idle = "never used" if info["idle_for_s"] is None else f"idle for {info['idle_for_s']:.0f} s"
+    out.append(f"  last used:   {_when(info['last_used_at'])} ({idle})")
+    if info["schedule"]:
+        out.append(f"  schedule:    {'; '.join(info['schedule'])} — now: {info['window_now'] or 'outside every window'}")
+    if info["measured_per_replica"]:
+        out.append(f"  measured:    {info['measured_per_replica']} concurrent per replica within its SLO")
+    elif info["observed_per_replica"]:
+        out.append(f"  capacity:    {info['observed_per_replica']} running per replica while requests queued"
+                   " (learned; a benchmark would measure it)")
+    warm = info.get("warmth")
+    if warm:
+        cold = warm["cold_start"]
+        agents = "; ".join(f"{a['agent']}: {a['text']}" for a in cold["by_agent"])
+        out.append(f"  cold start:  {cold['text']}" + (f" (differs on {agents})" if agents else ""))
+        if warm["now"]:
+            out.append(f"  warm ahead:  {warm['now']}" + (" — on free room only, evicted first" if warm["speculative"]
+                                                         else ""))
+        pre = warm["prewarm"]
+        if pre["next_window"]:
+            when = (f"placed from {_when(pre['placed_from'])} ({cold['lead_s']:.0f} s ahead)" if pre["enabled"]
+                    else "pre-warm off for this cluster: placed at its start")
+            out.append(f"  next window: {pre['next_window']} at {_when(pre['starts_at'])}, {when}")
+        else:
+            out.append("  pre-warm:    no schedule window to place ahead of"
+                       + ("" if pre["enabled"] else " (and off for this cluster)"))
+        pred = warm["prediction"]
+        if not pred["applies"]:
+            out.append("  predicted:   only for on-demand models (this one runs its min)")
+        elif not pred["enabled"]:
+            out.append("  predicted:   off for this cluster")
+        else:
+            usual = pred["usually_asked"] or (f"no habit yet ({pred['weeks_observed']:g} weeks observed; "
+                                              "an hour asked for four weeks running is one)")
+            out.append(f"  usually:     {usual}")
+            if pred["now"]:
+                out.append(f"  predicted:   {pred['now']}")
+        out.append(f"  ramp:        {warm['ramp']['text']}")
+    for e in info["scaling_events"]:
+        out.append(f"  scaled:      {_when(e['at'])} {e['from']} → {e['to']}: {e['why']}")
+    if info["last_failure"]:
+        out.append(f"  last failure: {_when(info.get('last_failure_at'))} (replica {info.get('last_failure_replica')}):"
+                   f" {info['last_failure']}")
+        log = (info.get("last_failure_log") or "").splitlines()[1:]  # the first line is in the line above
+        out.extend("    " + line for line in log[-FAILURE_LOG_LINES:] if line.strip())
+    for r in info["replicas"]:
+        out.append(f"  replica {r['id']:>5} on {r['agent']:<16} {r['state']:<11} "
+                   + (f"[{r['note']}] " if r.get("note") else "") + r["reason"]
+                   + (f" — {r['error']}" if r["error"] else ""))
+    for r in info.get("recently_stopped", []):
+        out.append(f"  stopped {r['id']:>5} on {r['agent']:<16} {_when(r['stopped_at'])}: {r['reason']}")
+    return "\n".join(out) + "\n"

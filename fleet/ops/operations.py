@@ -14,13 +14,20 @@ from django.db.models import F
 from django.utils import timezone
 
 from catalog.models import ClusterSettings, Model
-from fleet.models import Agent, ControlPlane, Gpu, LeaderLease, ModelState, PassLock, Replica
+from fleet.models import Agent, ControlPlane, Gpu, LeaderLease, ModelState, OperatorAction, PassLock, Replica
 from fleet.control.demand import want
 from fleet.control.planes import control_plane_stall_s
 from fleet.control.reconciler import request_pass
 from fleet.groups import nudge_agents, restart_agents
 from fleet.ops import cluster as read
 from fleet.states import COMING_UP, HOLDS_RESOURCES, ReplicaState
+
+
+def record_action(by: str, action: str, target: str = "", detail: str = "") -> None:
+    """Keep one operator act for ``llmgw changes`` and the dashboard's "Changes" page
+    (:class:`fleet.models.OperatorAction`; fields cut to their columns)."""
+    OperatorAction.objects.create(actor=(by or "")[:150], action=action[:32], target=(target or "")[:150],
+                                  detail=detail)
 
 
 def stop_cluster(by: str) -> bool:
@@ -32,15 +39,20 @@ def stop_cluster(by: str) -> bool:
         if not changed and not ClusterSettings.objects.filter(pk=1).exists():
             ClusterSettings.objects.create(pk=1, stopped=True, stopped_at=timezone.now(), stopped_by=by[:150])
             changed = 1
+        if changed:
+            record_action(by, "stop", "cluster", "every replica drains and stops; /v1/ answers 503")
         request_pass()
     return bool(changed)
 
 
-def start_cluster() -> bool:
-    """Clear the stopped flag; False if the cluster was already serving."""
+def start_cluster(by: str = "") -> bool:
+    """Clear the stopped flag (``by`` names who did it); False if the cluster was already
+    serving."""
     ClusterSettings.get_solo()
     with transaction.atomic():
         changed = ClusterSettings.objects.filter(pk=1, stopped=True).update(stopped=False, stopped_at=None, stopped_by="")
+        if changed:
+            record_action(by, "start", "cluster", "serving again; replicas are placed")
         request_pass()
     return bool(changed)
 
@@ -69,11 +81,15 @@ def models_short_of_ready(since) -> list[dict] | None:
     return short
 
 
-def request_agent_restarts() -> list[str]:
+def request_agent_restarts(by: str = "") -> list[str]:
     """Ask every connected agent to restart in place (engines keep serving). Returns their
-    names. Delivered by the watcher of the web process holding each websocket."""
+    names. Delivered by the watcher of the web process holding each websocket. ``by``
+    names who asked."""
     agents = list(Agent.objects.connected().order_by("name"))
     Agent.objects.filter(pk__in=[a.pk for a in agents]).update(restart_generation=F("restart_generation") + 1)
+    if agents:
+        record_action(by, "restart agents", f"{len(agents)} agent{'s' if len(agents) > 1 else ''}",
+                      ", ".join(a.name for a in agents)[:2000])
     restart_agents([a.pk for a in agents])
     return [a.name for a in agents]
 
@@ -109,7 +125,8 @@ def control_planes(fresh_s: float | None = None) -> list[dict]:
 def cluster_status() -> dict:
     """Everything ``llmgw status`` shows, as plain data (JSON-ready). An agent's
     ``connected`` is the read model's *alive* (``fleet.ops.cluster``: connected and heard
-    from); replica states and ready counts are the read model's too (on a lost agent, what
+    from), its ``health`` the word ``llmgw agents list`` shows (alive, disconnected, lost,
+    never connected) and ``heartbeat_age_s`` seconds since its last message; replica states and ready counts are the read model's too (on a lost agent, what
     the next pass makes them). Each model names its ``routing_policy`` (in ``--json`` only:
     ``llmgw explain`` says it in words)."""
     at = read.moment()
@@ -129,7 +146,10 @@ def cluster_status() -> dict:
     for agent in agents_by_id.values():
         gpus = gpus_by_agent.get(agent.pk, [])
         agents.append({
-            "name": agent.name, "connected": at.agent_alive(agent), "cordoned": agent.cordoned,
+            "name": agent.name, "connected": at.agent_alive(agent), "health": read.agent_health(agent, at),
+            "heartbeat_age_s": (round(max(0.0, (at.now - agent.last_seen_at).total_seconds()), 1)
+                                if agent.last_seen_at else None),
+            "version": agent.version, "cordoned": agent.cordoned,
             "address": agent.address,
             "last_seen_at": agent.last_seen_at.isoformat() if agent.last_seen_at else None,
             "connected_since": agent.connected_since.isoformat() if agent.connected and agent.connected_since else None,
@@ -174,12 +194,15 @@ def cluster_status() -> dict:
 # --- Agents and on-demand models: the dashboard's and the REST API's actions ---------------
 
 
-def set_cordoned(agent: Agent, cordoned: bool) -> bool:
+def set_cordoned(agent: Agent, cordoned: bool, by: str = "") -> bool:
     """Cordon (nothing new is placed on it) or uncordon ``agent``; False if it already was.
-    Uncordoning requests a pass: a model waiting for room may fit now."""
+    Uncordoning requests a pass: a model waiting for room may fit now. ``by`` names who."""
     with transaction.atomic():
         changed = Agent.objects.filter(pk=agent.pk).exclude(cordoned=cordoned).update(cordoned=cordoned)
         agent.cordoned = cordoned
+        if changed:
+            record_action(by, "cordon" if cordoned else "uncordon", agent.name,
+                          "nothing new is placed there" if cordoned else "replicas may be placed there again")
         if changed and not cordoned:
             request_pass()
     return bool(changed)
@@ -207,6 +230,7 @@ def drain_agent(agent: Agent, by: str = "") -> int:
         agent.cordoned = True
         replicas = list(Replica.objects.filter(agent=agent).in_states({ReplicaState.READY, *COMING_UP}))
         touched = _move_away(replicas, why)
+        record_action(by, "drain", agent.name, f"cordoned; {len(touched)} replica(s) moved away")
         Agent.bump_generation(touched)
         request_pass()
     if touched:
@@ -225,6 +249,7 @@ def evict_model(model: Model, by: str = "") -> int:
         ModelState.objects.filter(model=model).update(wanted_at=None)
         touched = _move_away(list(Replica.objects.filter(model=model).in_states({ReplicaState.READY, *COMING_UP})),
                              why)
+        record_action(by, "evict", model.name, f"demand forgotten; {len(touched)} replica(s) drained")
         Agent.bump_generation(touched)
         request_pass()
     if touched:

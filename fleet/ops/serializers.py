@@ -98,6 +98,10 @@ class ControlPlaneStatusSerializer(serializers.Serializer):
 class AgentStatusSerializer(serializers.Serializer):
     name = serializers.CharField()
     connected = serializers.BooleanField()
+    health = serializers.ChoiceField(choices=["alive", "disconnected", "lost", "never connected"],
+                                     help_text="As `llmgw agents list` says it.")
+    heartbeat_age_s = serializers.FloatField(allow_null=True, help_text="Seconds since its last message; null: never.")
+    version = serializers.CharField()
     cordoned = serializers.BooleanField()
     address = serializers.CharField()
     last_seen_at = serializers.DateTimeField(allow_null=True)
@@ -278,7 +282,14 @@ class ExplainSerializer(serializers.Serializer):
     queued_at_gateway = serializers.IntegerField(
         help_text="Requests waiting in the gateways' admission queues (the model at capacity), counted as load.")
     scaling_events = ExplainScalingEventSerializer(many=True, help_text="The last five, newest first.")
-    last_failure = serializers.CharField(allow_null=True, help_text="The newest failed replica's error.")
+    last_failure = serializers.CharField(
+        allow_null=True, help_text="The newest failed replica's error in one line: the agent's words and the log line "
+        "that says what went wrong (the port taken, the exception, an error-level line). Null when none failed, or "
+        "once a replica became ready after it.")
+    last_failure_at = serializers.DateTimeField(allow_null=True, help_text="When it failed (to the second).")
+    last_failure_replica = serializers.IntegerField(allow_null=True, help_text="The failed replica's id.")
+    last_failure_log = serializers.CharField(
+        allow_null=True, help_text="Its whole error: the agent's words and the engine's last log lines.")
     replicas = ExplainReplicaSerializer(many=True)
     limits = ExplainLimitsSerializer()
     routing = ExplainRoutingSerializer()

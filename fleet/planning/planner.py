@@ -28,7 +28,7 @@ from fleet.planning.data import (
 )
 from fleet.planning.eviction import RoomRules
 from fleet.planning.rolling import TransitionRules
-from fleet.planning.rooms import Room
+from fleet.planning.rooms import Candidate, Room, RoomIndex, rank_rooms
 from fleet.states import COMING_UP, COUNTS_TOWARDS_DESIRED, HOLDS_RESOURCES, ReplicaState
 
 __all__ = [
@@ -117,7 +117,7 @@ class PlanningPass(TransitionRules, RoomRules):
     * R2 passes run at once for a wanted on-demand model: the shell's (``fleet.control.demand.want``
       requests a pass); a pass has nothing to wait for.
     * R3 placement: :meth:`_filter_agents`, :meth:`_count_free_room`, :meth:`_place`
-      (with :meth:`_candidate_rooms`), :meth:`_explain_no_room`.
+      (with :meth:`_best_room`), :meth:`_explain_no_room`.
     * R4 a failed placement is forgotten: :meth:`_forget_failed_placement`.
     * R5 making room: :meth:`_make_room`, after :meth:`_room_being_freed` (both in
       ``fleet.planning.eviction``).
@@ -144,7 +144,7 @@ class PlanningPass(TransitionRules, RoomRules):
     """
 
     __slots__ = ("snapshot", "now", "policy", "plan", "agents", "states", "silent", "stalled", "unusable",
-                 "returning", "rooms", "by_model", "steps", "models", "desired", "forgotten", "claimed",
+                 "returning", "rooms", "room_index", "by_model", "steps", "models", "desired", "forgotten", "claimed",
                  "warm_evicted")
 
     #: The input; after :meth:`_scale_by_load` its models carry this pass's load-scaling extra.
@@ -166,6 +166,8 @@ class PlanningPass(TransitionRules, RoomRules):
     returning: set[int]
     #: Agent id → resources free on it, as the pass takes and gives them back.
     rooms: dict[int, Room]
+    #: The usable rooms ranked for a placement's choice (R3), kept up to date by the rooms.
+    room_index: RoomIndex
     #: Model id → all its replicas in the snapshot.
     by_model: dict[int, list[ReplicaView]]
     #: Model id → this pass's load-scaling step.
@@ -389,6 +391,7 @@ class PlanningPass(TransitionRules, RoomRules):
                     room.free_gpus.pop(idx, None)
                 room.free_cores -= r.cpu_cores
                 room.free_memory_mib -= r.memory_mib
+        self.room_index = RoomIndex(rooms, self.unusable)
 
     def _place(self, m: ModelView, missing: int, active: list[ReplicaView], outcome: ModelOutcome) -> None:
         """Place up to ``missing`` replicas of ``m`` (which has a profile), one at a time on the
@@ -402,13 +405,13 @@ class PlanningPass(TransitionRules, RoomRules):
             if guess and warm_evicted(m):
                 self._not_kept_warm(m, outcome, "its replica was evicted for a wanted model in this run")
                 break
-            fits, reasons = self._candidate_rooms(m, active, placed_here)
-            if not fits and guess:
+            best, reasons = self._best_room(m, active, placed_here)
+            if best is None and guess:
                 # A prediction takes only room nobody wants (R11): no wait, no eviction, and
                 # nobody is told it is unservable — nobody asked.
                 self._not_kept_warm(m, outcome, f"no free room ({_group_reasons(reasons, 3)})")
                 break
-            if not fits:
+            if best is None:
                 waiting_for = self._room_being_freed(m)
                 if waiting_for:
                     # Replicas already draining or stopping will free enough: wait for them
@@ -424,7 +427,7 @@ class PlanningPass(TransitionRules, RoomRules):
                     self._explain_no_room(m, reasons, outcome)
                     self._forget_failed_placement(m, outcome)
                 break
-            _, agent_id, gpus = fits[0]
+            _, agent_id, gpus = best
             placed_here[agent_id] += 1
             placed += 1
             n = len(active) + placed
@@ -457,34 +460,24 @@ class PlanningPass(TransitionRules, RoomRules):
         )
         return why
 
-    def _candidate_rooms(
+    def _best_room(
         self, m: ModelView, active: list[ReplicaView], placed_here: dict[int, int],
-    ) -> tuple[list[tuple[tuple, int, tuple[int, ...]]], list[str]]:
-        """Agents that can take one replica of ``m``, best first — fewest of its replicas
-        there (spread across machines), then least room left (pack) — as ``(key, agent id,
-        GPU indices)``, and why each other agent cannot (docs/architecture.md, R3)."""
+    ) -> tuple[Candidate | None, list[str]]:
+        """The agent that takes one replica of ``m`` — fewest of its replicas there (spread
+        across machines), then least room left (pack), then name — as ``(key, agent id, GPU
+        indices)``; or None and why each agent cannot (docs/architecture.md, R3). The index
+        finds it without looking at every agent; the reasons, wanted only when nothing
+        fits, look at every one (``rooms.rank_rooms``)."""
         assert m.profile is not None
-        fits, reasons = [], []
         per_agent: dict[int, int] = defaultdict(int)
         for r in active:
             per_agent[r.agent_id] += 1
         for agent_id, n in placed_here.items():
             per_agent[agent_id] += n
-        for agent_id, room in sorted(self.rooms.items(), key=lambda kv: kv[1].agent.name):
-            if self.unusable[agent_id]:
-                reasons.append(self.unusable[agent_id])
-                continue
-            gpus, why = room.fit(m.profile)
-            if why:
-                reasons.append(why)
-                continue
-            if m.profile.gpus_needed:
-                left = len(room.free_gpus) - len(gpus)
-            else:
-                left = room.free_cores - m.profile.cpu_cores
-            fits.append(((per_agent[agent_id], left, room.agent.name), agent_id, gpus))
-        fits.sort()
-        return fits, reasons
+        best = self.room_index.best(m.profile, per_agent)
+        if best is not None:
+            return best, []
+        return None, rank_rooms(self.rooms, self.unusable, m.profile, per_agent)[1]
 
     def _explain_no_room(self, m: ModelView, reasons: list[str], outcome: ModelOutcome) -> None:
         """Nothing fits ``m``: say what it needs and why each agent cannot take it, grouped

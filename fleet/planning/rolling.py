@@ -114,9 +114,9 @@ class TransitionRules:
         if self._wait_out_backoff(m, outcome):
             outcome.reason += f"; {len(old)} outdated still serving"
             return True
-        fits, _ = self._candidate_rooms(m, active, {})
-        if fits:
-            _, agent_id, gpus = fits[0]
+        best, _ = self._best_room(m, active, {})
+        if best is not None:
+            _, agent_id, gpus = best
             outcome.reason = self._place_at(m, agent_id, gpus,
                                             lambda where: f"replacing {name}: surge starting on {where}")
             # The row keeps why it was placed, in words that stay true once the roll is over.

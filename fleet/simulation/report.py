@@ -169,19 +169,27 @@ def _prefix_counts(routed: int, hits: int, saved_tokens: int) -> dict:
 def compare(ours: Report, baseline: Report, same_within: float = 0.005) -> dict:
     """How ``ours`` stands against ``baseline`` on GPU-hours and SLO attainment, with a
     sentence for people: attainments within ``same_within`` (half a point) count as the
-    same."""
+    same. On a fleet without GPUs GPU-hours do not apply: the cost compared is replica-hours
+    on CPUs, and the sentence says so (``"unit"``: ``"GPU-hours"`` or ``"CPU replica-hours"``)."""
     a, b = ours.totals, baseline.totals
     ga, gb = a["gpu_hours"], b["gpu_hours"]
     sa, sb = a["slo_attainment"] or 0.0, b["slo_attainment"] or 0.0
-    saved = (1 - ga / gb) if gb else 0.0
-    gpus = f"{abs(saved) * 100:.0f}% {'fewer' if saved >= 0 else 'more'} GPU-hours ({ga:,.0f} vs {gb:,.0f})"
+    cpu_only = ours.data["fleet"].get("gpus") == 0 and baseline.data["fleet"].get("gpus") == 0
+    unit = "CPU replica-hours" if cpu_only else "GPU-hours"
+    ca, cb = (a["replica_hours"], b["replica_hours"]) if cpu_only else (ga, gb)
+    saved = (1 - ca / cb) if cb else 0.0
+    gpus = f"{abs(saved) * 100:.0f}% {'fewer' if saved >= 0 else 'more'} {unit} ({ca:,.0f} vs {cb:,.0f})"
+    if cpu_only:
+        gpus += " (the fleet has no GPUs: GPU-hours do not apply)"
     if abs(sa - sb) <= same_within:
         sentence = f"about the same SLO attainment ({sa:.1%} vs {sb:.1%}) with {gpus}"
     else:
         sentence = (f"{gpus} for {abs(sa - sb) * 100:.1f} points {'higher' if sa > sb else 'lower'} SLO attainment "
                     f"({sa:.1%} vs {sb:.1%})")
     return {
-        "gpu_hours": ga, "baseline_gpu_hours": gb, "gpu_hours_saved": round(saved, 4),
+        "unit": unit, "cost": ca, "baseline_cost": cb, "cost_saved": round(saved, 4),
+        "gpu_hours": ga, "baseline_gpu_hours": gb,
+        "gpu_hours_saved": None if cpu_only else round(saved, 4),
         "slo_attainment": sa, "baseline_slo_attainment": sb, "attainment_delta": round(sa - sb, 6),
         "baseline_fleet": baseline.data["fleet"]["summary"],
         "sentence": f"{ours.data['label']} vs {baseline.data['label']}: {sentence}",

@@ -36,8 +36,9 @@ File formats (``.gz`` after either suffix is read and written compressed):
   :func:`from_usage` takes the rows straight from the database.
 
 A malformed row is refused with one line naming the file, its line number and the request's
-number (``day.csv:7: request 5: ...``): a missing or unreadable field, ``t_s`` negative or
-not finite, a token count outside 0 to :data:`MAX_TOKENS` (int32), a CSV row with more
+number (``day.csv:7: request 5: ...``): a missing or unreadable field, ``t_s`` negative, not
+finite or past a year (:data:`MAX_SPAN_S`), an instant outside 1970–2200, JSON nested
+deeper than Python reads, a CSV field over the csv module's limit, a token count outside 0 to :data:`MAX_TOKENS` (int32), a CSV row with more
 fields than the header, a string that is not Unicode text (JSON's lone ``\\ud800``), bytes
 that are not UTF-8.
 
@@ -72,6 +73,12 @@ PREFIX_COLUMNS = ("prefix_id", "prefix_tokens")
 NO_PREFIX = -1
 #: The most tokens a request's prompt or answer may have: token counts are int32 columns.
 MAX_TOKENS = 2**31 - 1
+#: The longest trace the simulator replays: a year and a day, in seconds from its start
+#: (``t_s``; usage records: their span). A longer one is refused, not run for hours.
+MAX_SPAN_S = 366 * 86400
+#: The instants a trace may name (its ``start``, a usage record's time): Unix time's start
+#: to the year 2200; anything else is a typo or a hostile file, refused in words.
+EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)
 _TIME_KEYS = ("at", "timestamp", "started_at", "created")
 
 
@@ -296,10 +303,20 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
 
 
 def _parse_instant(value) -> datetime:
-    if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
-        return datetime.fromtimestamp(float(value), UTC)
-    when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    """An ISO 8601 instant (naive: UTC) or Unix seconds, between :data:`EARLIEST` and
+    :data:`LATEST`; ValueError in words for anything else (never Python's own message)."""
+    words = f"an ISO 8601 instant or Unix seconds between 1970 and 2200, not {value!r}"
+    try:
+        if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+            when = datetime.fromtimestamp(float(value), UTC)
+        else:
+            when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise ValueError(words) from None
+    if not EARLIEST <= when < LATEST:
+        raise ValueError(words)
+    return when
 
 
 def _read_text(path: Path) -> io.StringIO:
@@ -349,6 +366,8 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                     obj = json.loads(line)
                 except ValueError as exc:
                     raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+                except RecursionError:
+                    raise ValueError(f"{path}:{number}: not JSON this reader takes: nested too deeply") from None
                 if not isinstance(obj, dict):
                     raise ValueError(f"{path}:{number}: expected an object")
                 # Only a \u escape makes a lone surrogate (UTF-8 text has none): skip the walk without one.
@@ -375,7 +394,16 @@ def _records(path: Path) -> tuple[dict, list[dict], list[int]]:
                     lines.append(line)
                     physical.append(number)
             reader = csv.DictReader(lines)
-            for row in reader:
+            rows_read = iter(reader)
+            while True:
+                try:
+                    row = next(rows_read)
+                except StopIteration:
+                    break
+                except csv.Error as exc:  # a field over the csv module's size limit, a NUL byte
+                    # line_num counts the lines parsed whole: the bad one is the next.
+                    where = physical[min(reader.line_num, len(physical) - 1)] if physical else 1
+                    raise ValueError(f"{path}:{where}: not CSV this reader takes: {exc}") from None
                 number = physical[reader.line_num - 1]
                 if None in row:  # DictReader's restkey: fields beyond the header's columns
                     columns = reader.fieldnames or []
@@ -419,7 +447,10 @@ def read_trace(path: str | Path) -> Trace:
     header, rows, numbers = _records(path)
     if rows and "t_s" not in rows[0]:
         return _from_usage_rows(path, rows, numbers)
-    start = _parse_instant(header["start"]) if header.get("start") else DEFAULT_START
+    try:
+        start = _parse_instant(header["start"]) if header.get("start") else DEFAULT_START
+    except ValueError as exc:
+        raise ValueError(f"{path}: header: start must be {str(exc)}") from None
     from_json = _kind(path) == "jsonl"
     with_prefixes = any(k in row for row in rows for k in PREFIX_COLUMNS) if from_json else (
         bool(rows) and any(k in rows[0] for k in PREFIX_COLUMNS))
@@ -427,11 +458,10 @@ def read_trace(path: str | Path) -> Trace:
     def parsed():
         for number, (line, row) in enumerate(zip(numbers, rows), 1):
             try:
-                t, model, prompt, output = (float(row["t_s"]), row["model"], int(row["prompt_tokens"]),
-                                            int(row["output_tokens"]))
-            except (KeyError, TypeError, ValueError, OverflowError) as exc:
-                raise ValueError(f"{path}:{line}: request {number}: need t_s, model, prompt_tokens, "
-                                 f"output_tokens ({exc!r})") from None
+                t, model = _number(row, "t_s", "a number of seconds"), _name(row, "model")
+                prompt, output = _whole(row, "prompt_tokens"), _whole(row, "output_tokens")
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line}: request {number}: {exc}") from None
             problem = _out_of_range(t=t, prompt_tokens=prompt, output_tokens=output)
             if problem:
                 raise ValueError(f"{path}:{line}: request {number}: {problem}")
@@ -450,8 +480,8 @@ def read_trace(path: str | Path) -> Trace:
 def _out_of_range(t: float | None = None, **tokens: int | None) -> str | None:
     """What is out of range in a row's ``t`` (seconds: finite, ≥ 0) and token counts (0 to
     :data:`MAX_TOKENS`, None: not given), or None."""
-    if t is not None and not (math.isfinite(t) and t >= 0):
-        return f"t_s ({t}) must be finite and ≥ 0 seconds"
+    if t is not None and not (math.isfinite(t) and 0 <= t <= MAX_SPAN_S):
+        return f"t_s ({t:g}) must be between 0 and {MAX_SPAN_S:,} seconds (the simulator replays a year at most)"
     for key, count in tokens.items():
         if count is not None and not 0 <= count <= MAX_TOKENS:
             return f"{key} ({count:,}) must be between 0 and {MAX_TOKENS:,}"
@@ -462,24 +492,92 @@ def _from_usage_rows(path: Path, rows: list[dict], numbers: list[int]) -> Trace:
     records = []
     for number, (line, row) in enumerate(zip(numbers, rows), 1):
         try:
-            key = next(k for k in _TIME_KEYS if row.get(k) not in (None, ""))
-            model = row.get("model") or row["model_name"]
-            out = row.get("completion_tokens", row.get("output_tokens"))
+            key = next((k for k in _TIME_KEYS if row.get(k) not in (None, "")), None)
+            if key is None:
+                raise _missing("at", _USAGE_NEEDS)
+            try:
+                at = _parse_instant(row[key])
+            except ValueError as exc:
+                raise ValueError(f"{key} must be {exc}") from None
+            model = _name(row, "model" if row.get("model") not in (None, "") else "model_name", _USAGE_NEEDS)
+            out_key = "completion_tokens" if "completion_tokens" in row else "output_tokens"
             total = row.get("total_ms")
-            record = (_parse_instant(row[key]), str(model), _int_or_none(row.get("prompt_tokens")),
-                      _int_or_none(out), float(total) if total not in (None, "") else None)
-        except (StopIteration, KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise ValueError(f"{path}:{line}: record {number}: need at (or timestamp), model (or model_name), "
-                             f"prompt_tokens, completion_tokens ({exc!r})") from None
+            record = (at, model, _whole(row, "prompt_tokens", optional=True), _whole(row, out_key, optional=True),
+                      _number(row, "total_ms", "a finite number of milliseconds", finite=True) if total not in (None, "") else None)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line}: record {number}: {exc}") from None
         problem = _out_of_range(prompt_tokens=record[2], completion_tokens=record[3])
+        if record[4] is not None and not 0 <= record[4] <= MAX_SPAN_S * 1000:
+            problem = f"total_ms ({record[4]:g}) must be between 0 and {MAX_SPAN_S * 1000:,}"
         if problem:
             raise ValueError(f"{path}:{line}: record {number}: {problem}")
         records.append(record)
+    if records:
+        first = min(range(len(records)), key=lambda k: records[k][0] - timedelta(milliseconds=records[k][4] or 0))
+        last = max(range(len(records)), key=lambda k: records[k][0])
+        span_s = (records[last][0] - records[first][0]).total_seconds() + (records[first][4] or 0) / 1000
+        if span_s > MAX_SPAN_S:
+            raise ValueError(f"{path}:{numbers[last]}: record {last + 1}: the records span {span_s / 86400:,.0f} days "
+                             f"(from line {numbers[first]}); the simulator replays a year at most")
     return from_usage(records, f"usage records replayed from {path.name}")
 
 
-def _int_or_none(value) -> int | None:
-    return None if value in (None, "") else int(value)
+#: What a usage record needs, for the message on one that lacks it.
+_USAGE_NEEDS = "at (or timestamp), model (or model_name), prompt_tokens, completion_tokens"
+
+
+def _missing(key: str, needs: str | None = None) -> ValueError:
+    return ValueError(f"{key} is missing (a {'usage record' if needs else 'request'} needs "
+                      f"{needs or ', '.join(COLUMNS)})")
+
+
+def _number(row: dict, key: str, what: str, finite: bool = False) -> float:
+    """``row[key]`` as a float (a JSON number or a CSV field; ``finite``: not inf or nan);
+    ValueError saying what is wrong in words (missing, not a number), never Python's own
+    message."""
+    value = row.get(key)
+    if value is None or value == "":
+        raise _missing(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} must be {what}, not {value!r}")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{key} must be {what}, not {value!r}") from None
+    if finite and not math.isfinite(number):
+        raise ValueError(f"{key} must be {what}, not {value!r}")
+    return number
+
+
+def _whole(row: dict, key: str, optional: bool = False) -> int | None:
+    """``row[key]`` as a whole number (``12``, ``12.0``; not ``1.5``, ``true`` or ``"ten"``);
+    None for a missing one when ``optional``; ValueError in words otherwise."""
+    value = row.get(key)
+    if value is None or value == "":
+        if optional:
+            return None
+        raise _missing(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} must be a whole number, not {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+    if not (math.isfinite(number) and number.is_integer()):
+        raise ValueError(f"{key} must be a whole number, not {value!r}")
+    return int(number)
+
+
+def _name(row: dict, key: str, needs: str | None = None) -> str:
+    """``row[key]`` as a model name: a non-empty string; ValueError in words otherwise."""
+    value = row.get(key)
+    if value is None or value == "":
+        raise _missing(key, needs)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string (a catalog name), not {value!r}")
+    return value
 
 
 def from_usage(records: Iterable[tuple[datetime, str, int | None, int | None, float | None]],

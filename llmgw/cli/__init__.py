@@ -3,7 +3,7 @@ run(options, stdout, stderr) -> exit code (see ``llmgw.cli.output``: 0 ok, 1 fai
 2 bad usage, 3 no systemd)."""
 
 from llmgw.cli import agent, agents, bench, explain, keys, mirror, restart, service, start, status, stop, up, web, worker
-from llmgw.cli import simulate, teams
+from llmgw.cli import changes, simulate, teams
 
 COMMANDS = {
     "up": up,
@@ -13,6 +13,7 @@ COMMANDS = {
     "restart": restart,
     "service": service,
     "explain": explain,
+    "changes": changes,
     "agent": agent,
     "agents": agents,
     "keys": keys,

@@ -13,7 +13,7 @@ from catalog.models import Model
 from gateway import tenant_usage
 from gateway.models import ApiKey, Priority
 import llmgw.cli.limit_options as lo
-from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
+from llmgw.cli.output import FAILED, OK, USAGE, console, print_table, when, write_json
 
 HELP = ("Manage API keys for /v1/: create (prints the key once), list (team, limits, usage now), set (team, "
         "priority, limits; 'none' clears one), budget (tokens for one model), revoke. "
@@ -21,7 +21,8 @@ HELP = ("Manage API keys for /v1/: create (prints the key once), list (team, lim
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=["create", "list", "set", "budget", "revoke"])
+    parser.add_argument("action", choices=["create", "list", "set", "budget", "revoke"],
+                        help="create, list, set (limits, team), budget (per model) or revoke a key")
     parser.add_argument("name", nargs="?", help="create: a name for the key; set, budget, revoke: its name or prefix")
     parser.add_argument("--models", default="", help="create: comma-separated models the key may use (default: all)")
     parser.add_argument("--expires-days", type=float, default=None, help="create: days until it expires")
@@ -119,13 +120,14 @@ def _list(options, stdout) -> int:
         write_json(stdout, rows)
         return OK
     out = console(stdout)
-    out.print(table("API keys", ["name", "prefix", "state", "team", "priority", "limits", "usage now", "models",
-                                 "expires"],
-                    [[r["name"], r["prefix"] + "…", r["state"], r["team"] or "—",
+    print_table(out, "API keys", ["name", "prefix", "state", "team", "priority", "limits", "usage now", "models",
+                                  "expires"],
+                [[r["name"], r["prefix"] + "…", r["state"], r["team"] or "—",
                       r["priority"] or ("team's" if r["team"] else "normal"),
                       tenant_usage.limits_text(r["limits"]), lo.usage_text(r["usage"]),
                       r["models"] if r["models"] == "all" else ", ".join(r["models"]),
-                      r["expires_at"] or "never"] for r in rows]))
+                      when(r["expires_at"], none="never")] for r in rows],
+                "none yet: `llmgw keys create NAME` makes one")
     caption = lo.usage_caption(found)
     if caption:
         out.print(caption)
@@ -207,7 +209,7 @@ def _revoke(options, stdout, stderr) -> int:
     else:
         for key in keys:
             if key.pk in already:
-                stdout.write(f"{key.name} ({key.prefix}…) was already revoked, at {already[key.pk]:%Y-%m-%d %H:%M:%S %Z}\n")
+                stdout.write(f"{key.name} ({key.prefix}…) was already revoked, at {when(already[key.pk])}\n")
             else:
                 stdout.write(f"revoked {key.name} ({key.prefix}…)\n")
     return OK

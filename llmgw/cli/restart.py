@@ -7,6 +7,7 @@ machine's own web and worker through systemd.
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
 import socket
@@ -44,7 +45,7 @@ def restart_order(planes: list[dict], leader: str, me: str) -> list[str]:
 def run(options, stdout, stderr) -> int:
     started = timezone.now()
     code = OK
-    names = request_agent_restarts()
+    names = request_agent_restarts(f"{getpass.getuser()} (CLI)")
     stdout.write(f"agents: asked {len(names)} to restart in place ({', '.join(names) or 'none connected'})\n")
     deadline = time.monotonic() + options["timeout_s"]
     pending = set(names)

@@ -39,10 +39,14 @@ def unit_files() -> dict[str, str]:
     manage = base / "manage.py"
     return {
         # `llmgw web`: uvicorn as `llmgw up` runs it (connection limit, header deadline,
-        # keep-alive) and its exposure check (a public address needs LLMGW_ALLOWED_HOSTS).
+        # keep-alive) and its exposure check (a public address needs LLMGW_ALLOWED_HOSTS);
+        # LLMGW_WEB_WORKERS web processes share the port (auto: one per core with Redis, else 1;
+        # /etc/llmgw/llmgw.env overrides it, as every Environment= line here).
         UNITS["web"]: UNIT_TEMPLATE.format(what="control plane (web: admin, API, gateway, agent websocket)", base=base,
-                                           command=f"{python} {manage} llmgw web --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}}",
-                                           extra="Environment=LLMGW_HOST=0.0.0.0\nEnvironment=LLMGW_PORT=8000\n"),
+                                           command=f"{python} {manage} llmgw web --host ${{LLMGW_HOST}} --port ${{LLMGW_PORT}} "
+                                                   "--workers ${LLMGW_WEB_WORKERS}",
+                                           extra="Environment=LLMGW_HOST=0.0.0.0\nEnvironment=LLMGW_PORT=8000\n"
+                                                 "Environment=LLMGW_WEB_WORKERS=auto\n"),
         # `llmgw worker`: django-q2's cluster plus the leader loop; it stops within
         # LLMGW_WORKER_STOP_GRACE of SIGTERM, well inside systemd's own stop timeout.
         UNITS["worker"]: UNIT_TEMPLATE.format(what="reconciler worker (django-q2 and the leader loop)", base=base,
@@ -54,7 +58,8 @@ def unit_files() -> dict[str, str]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=["status", "start", "stop", "restart", "install"])
+    parser.add_argument("action", choices=["status", "start", "stop", "restart", "install"],
+                        help="status, start, stop or restart this machine's llmgw units; install writes them")
     parser.add_argument("--only", default="web,worker,agent", help="comma-separated: web, worker, agent")
     parser.add_argument("--dir", default="/etc/systemd/system", help="where install writes unit files")
 

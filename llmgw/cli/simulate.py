@@ -42,7 +42,21 @@ from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
 
 HELP = ("Simulate a trace on a fleet with the real planner: requests served, held and rejected, TTFT "
         "against the SLO, GPU-hours, scale steps, against a static fleet sized for the peak. "
-        "Exit 0 done, 2 bad input.")
+        "An estimate, not a measurement: see its limits below. "
+        "Exit 0 done, 1 the trace has no requests, 2 bad input (a bad trace line is named by its number).")
+
+LIMITS = """what it does not model (read its figures as estimates of placement, scaling and cold starts):
+  engines: a replica serves `slots` requests at once (its benchmark, else 8) at a fixed speed:
+    TTFT = wait + ttft_base_ms + prefill_ms_per_token x prompt tokens, then tpot_ms per token;
+    no batching slowdown, no KV-cache memory limit, no context-length refusals, no engine errors
+  failures: engines never crash or fail to start, agents never go silent, no network delays;
+    cold starts take exactly cold_start_s (from the catalog, else --cold-start), stops 5 s
+  tenants: no API keys, team limits, budgets or admission-queue priorities: every request is
+    admitted (the gateway's rate limits and fair share are not simulated)
+  GPUs: placement by the catalog's GPU count and memory per GPU; no fragmentation within a GPU,
+    no other processes, no real memory readings; --from-db leaves external models out
+  traces: a year at most (t_s up to 31,622,400 s; usage records spanning 366 days), instants
+    between 1970 and 2200"""
 
 EPILOG = """examples:
   llmgw simulate --scenario diurnal-long-tail                     the published day (1M requests, 200 models)
@@ -60,8 +74,16 @@ prefixes: a trace may add per request prefix_id (a name for the prompt's shared 
   prefill_ms_per_token of TTFT; the report adds the hit rate and prefill tokens saved."""
 
 
+try:
+    from yaml import YAMLError as _YAMLError
+except ImportError:  # PyYAML is optional (YAML catalogs only)
+    _YAMLError = None
+#: What bad input raises while reading the trace, catalog and options: said in one line, exit 2.
+_INPUT_ERRORS = (OSError, ValueError, ImportError) + ((_YAMLError,) if _YAMLError else ())
+
+
 def add_arguments(parser) -> None:
-    parser.epilog = EPILOG
+    parser.epilog = EPILOG + "\n\n" + LIMITS
     source = parser.add_argument_group("what to simulate")
     source.add_argument("--trace", metavar="FILE", help="trace or usage-record export (.jsonl/.csv, optionally "
                         ".gz); optional prefix_id and prefix_tokens per request (see below)")
@@ -81,7 +103,7 @@ def add_arguments(parser) -> None:
     how = parser.add_argument_group("how")
     how.add_argument("--baseline", default="peak", metavar="peak|N",
                      help="static fleet to compare with: sized for each model's peak (default), or N per model")
-    how.add_argument("--no-baseline", action="store_true")
+    how.add_argument("--no-baseline", action="store_true", help="no static fleet to compare with")
     how.add_argument("--routing-policy", choices=POLICIES, default=None,
                      help="route every model by this policy instead of its own (compare two runs: "
                           "least-loaded against prefix-affinity on a trace with prefixes)")
@@ -104,7 +126,7 @@ def add_arguments(parser) -> None:
                      help="seconds from placement to ready for models that do not say (default 60)")
     out = parser.add_argument_group("output")
     out.add_argument("--plot", metavar="PNG", help="where to save the plot (default: ./simulate-NAME.png)")
-    out.add_argument("--no-plot", action="store_true")
+    out.add_argument("--no-plot", action="store_true", help="save no plot")
     out.add_argument("--save-trace", metavar="FILE", help="also write the trace simulated (.jsonl/.csv)")
     out.add_argument("--top", type=int, default=15, help="models shown in the table (default 15)")
     out.add_argument("--json", action="store_true", help="machine-readable output")
@@ -173,6 +195,21 @@ def _inputs(options):
     return catalog, fleet, trace, name, _history(options, trace)
 
 
+def _one_line(exc: Exception, catalog: str | None = None) -> str:
+    """An input error in one line, without Python's own words: ``day.jsonl: no such file or
+    directory``; a YAML catalog's parse error with its line; else the error's first line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror[0].lower()}{exc.strerror[1:]}"
+    if _YAMLError is not None and isinstance(exc, _YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{catalog}:{mark.line + 1}" if mark is not None else str(catalog)
+        return f"{where}: not YAML: {getattr(exc, 'problem', None) or _one_line(ValueError(str(exc)))}"
+    if isinstance(exc, ImportError):
+        return f"{catalog}: a YAML catalog needs PyYAML (pip install pyyaml), or write it as JSON"
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def run(options, stdout, stderr) -> int:
     try:
         catalog, fleet, trace, name, history = _inputs(options)
@@ -189,8 +226,8 @@ def run(options, stdout, stderr) -> int:
             count = int(options["baseline"])
             if count < 0:
                 raise ValueError("--baseline takes peak or a replica count ≥ 0")
-    except (OSError, ValueError) as exc:
-        stderr.write(f"{exc}\n")
+    except _INPUT_ERRORS as exc:
+        stderr.write(f"{_one_line(exc, options.get('catalog'))}\n")
         return USAGE
     if options.get("routing_policy"):
         catalog = dataclasses.replace(catalog, models=tuple(
@@ -287,6 +324,11 @@ _TOTALS = [
 ]
 
 
+#: The totals of a fleet without GPUs: replica-hours on CPUs where GPU-hours do not apply.
+_CPU_TOTALS = [("replica_hours", "CPU replica-hours (no GPUs)", "") if key == "gpu_hours" else (key, label, kind)
+               for key, label, kind in _TOTALS if key != "peak_gpus"]
+
+
 def _print_prefixes(out, ours, base, top) -> None:
     """The prefix caches' table: per model with prefixed requests, and in total (with the
     baseline's, which routes as the catalog says on its static fleet)."""
@@ -309,9 +351,11 @@ def _print(out, ours, base, comparison, png, wall_s, top) -> None:
     out.print(f"catalog: {d['catalog']['models']} models ({d['catalog']['on_demand']} on demand, "
               f"{d['catalog']['with_windows']} with schedules); fleet: {d['fleet']['summary']}; "
               f"{d['duration_s'] / 3600:g} h simulated, a pass every {d['reconcile_interval_s']:g} s")
-    columns = ["", "llmgw"] + ([f"static ({base.data['fleet']['gpus']} GPUs)"] if base else [])
+    gpus = d["fleet"]["gpus"]
+    columns = ["", "llmgw"] + ([f"static ({base.data['fleet']['gpus']} GPUs)" if gpus else "static (CPUs, no GPUs)"]
+                               if base else [])
     rows = [[label, _fmt(ours.totals[key], kind)] + ([_fmt(base.totals[key], kind)] if base else [])
-            for key, label, kind in _TOTALS]
+            for key, label, kind in (_TOTALS if gpus else _CPU_TOTALS)]
     out.print(table("totals", columns, rows))
     if "prefix_requests" in ours.totals:
         _print_prefixes(out, ours, base, top)

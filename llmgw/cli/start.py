@@ -1,5 +1,6 @@
 """``llmgw start``: serve again; every model is placed as the catalog asks."""
 
+import getpass
 import time
 
 from django.utils import timezone
@@ -21,7 +22,7 @@ def add_arguments(parser) -> None:
 
 def run(options, stdout, stderr) -> int:
     since = timezone.now()
-    changed = start_cluster()
+    changed = start_cluster(f"{getpass.getuser()} (CLI)")
     stdout.write("cluster started: placing models as the catalog asks\n" if changed else "cluster was already serving\n")
     if not options["wait"]:
         return OK

@@ -9,7 +9,7 @@ from django.db.models import Count
 from gateway import tenant_usage
 from gateway.models import Priority, Team
 import llmgw.cli.limit_options as lo
-from llmgw.cli.output import FAILED, OK, USAGE, console, table, write_json
+from llmgw.cli.output import FAILED, OK, USAGE, console, print_table, table, write_json
 
 HELP = ("Manage teams of API keys: create, list, show (members, usage now), set (limits, priority, weight; "
         "'none' clears a limit), delete (its keys stay, without a team), budget (tokens for one model). "
@@ -18,7 +18,8 @@ HELP = ("Manage teams of API keys: create, list, show (members, usage now), set 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=["create", "list", "show", "set", "delete", "budget"])
+    parser.add_argument("action", choices=["create", "list", "show", "set", "delete", "budget"],
+                        help="create, list, show, set (limits, weight), delete or budget (per model) a team")
     parser.add_argument("name", nargs="?", help="the team's name (all but list)")
     lo.add_limit_arguments(parser)
     parser.add_argument("--weight", default=None,
@@ -107,10 +108,11 @@ def _list(options, stdout) -> int:
         write_json(stdout, [team_json(t, u) for t, u in zip(teams, found)])
         return OK
     out = console(stdout)
-    out.print(table("teams", ["name", "priority", "weight", "members", "limits", "budgets", "usage now"],
-                    [[t.name, Priority(t.priority).label, f"{t.weight:g}", t.members_count,
+    print_table(out, "teams", ["name", "priority", "weight", "members", "limits", "budgets", "usage now"],
+                [[t.name, Priority(t.priority).label, f"{t.weight:g}", t.members_count,
                       tenant_usage.limits_text(t.limit_fields()), lo.budgets_text(t), lo.usage_text(u)]
-                     for t, u in zip(teams, found)]))
+                 for t, u in zip(teams, found)],
+                "none yet: `llmgw teams create NAME` makes one")
     caption = lo.usage_caption(found)
     if caption:
         out.print(caption)
@@ -126,12 +128,13 @@ def _show(team: Team, options, stdout) -> int:
         return OK
     out = console(stdout)
     out.print(f"team {team.name}: {_line(team)}")
-    out.print(table("keys", ["name", "prefix", "state"], [[k.name, k.prefix + "…", k.state] for k in keys]))
+    print_table(out, "keys", ["name", "prefix", "state"], [[k.name, k.prefix + "…", k.state] for k in keys],
+                f"none in this team yet (`llmgw keys set KEY --team {team.name}` adds one)")
     rows = lo.usage_rows(found)
     if not rows:
         out.print("no limits of its own: its keys' limits alone apply")
         return OK
-    out.print(table("usage now", ["limit", "model", "used", "of", "remaining", "resets at (UTC)"], rows))
+    out.print(table("usage now", ["limit", "model", "used", "of", "remaining", "resets at"], rows))
     out.print(lo.usage_caption([found]))
     return OK
 

@@ -1,8 +1,9 @@
 """``llmgw up``: the all-in-one development/demo cluster in one foreground group.
 
 Migrates, seeds the demo catalog (``gemma-3-270m`` on llama-cpp-python, CPU, min 1),
-registers a local agent, then runs web (uvicorn), worker (``llmgw worker``) and agent as child
-processes with prefixed logs. ``up`` supervises them (docs/architecture.md, "Decisions":
+registers a local agent, then runs web (uvicorn, ``--workers`` processes:
+``llmgw.cli.web_processes``), worker (``llmgw worker``) and agent as child processes with
+prefixed logs. ``up`` supervises them (docs/architecture.md, "Decisions":
 restarts keep engines serving): an agent that dies is restarted with a backoff and adopts
 its engines, which keep serving; web or worker dying stops the rest, as a crash a user must
 see. Ctrl-C (or SIGTERM) stops all three; the agent is started with
@@ -41,6 +42,8 @@ from fleet.agent.processes import group_gone, kill_group, process_alive, read_st
 from fleet.models import Agent
 from gateway.models import ApiKey
 from llmgw import tokens
+import llmgw.cli.gateway_url as gateway_url
+from llmgw.cli import web_processes
 from llmgw.datadir import write_private
 from fleet import protocol
 
@@ -57,12 +60,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default=os.environ.get("LLMGW_HOST", "127.0.0.1"), help="address to listen on")
     parser.add_argument("--port", type=int, default=int(os.environ.get("LLMGW_PORT", "8000")), help="port to listen on")
     parser.add_argument("--no-demo", action="store_true", help="do not create the demo model")
+    web_processes.add_workers_argument(parser)
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
                         help="how long to wait for the demo model before printing a warning")
 
 
 def web_argv(host: str, port: int, access_log: bool = True, max_connections: int | None = None,
-             backlog: int | None = None, keep_alive_s: float | None = None) -> list[str]:
+             backlog: int | None = None, keep_alive_s: float | None = None, workers: int = 1) -> list[str]:
     """The control plane's web process: uvicorn with uvloop and httptools, chosen over
     daphne by bench/gateway.py (about 0.7 vs 1.2 ms of CPU per /v1/ request on one core).
     Websockets (the agents) run on the `websockets` library; the lifespan shutdown
@@ -74,7 +78,13 @@ def web_argv(host: str, port: int, access_log: bool = True, max_connections: int
     idle keep-alive connections closed after ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``,
     rounded up to whole seconds), and request heads that must be complete within
     ``LLMGW_HEADER_TIMEOUT`` (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web
-    process)."""
+    process).
+
+    ``workers``: web processes accepting on the one listening socket (uvicorn's
+    ``--workers``, always given, so uvicorn's own ``WEB_CONCURRENCY`` never decides); the
+    connection limit holds per process. More than one needs the environment that
+    :func:`llmgw.cli.web_processes.prepare_metrics_env` makes and production mode
+    (:func:`llmgw.cli.web_processes.resolve_workers`)."""
     max_connections = settings.LLMGW_MAX_CONNECTIONS if max_connections is None else max_connections
     backlog = settings.LLMGW_BACKLOG if backlog is None else backlog
     keep_alive_s = settings.LLMGW_KEEP_ALIVE_TIMEOUT_S if keep_alive_s is None else keep_alive_s
@@ -82,7 +92,11 @@ def web_argv(host: str, port: int, access_log: bool = True, max_connections: int
             "--loop", "uvloop", "--http", "llmgw.http:HeaderTimeoutProtocol", "--ws", "websockets-sansio",
             "--lifespan", "on", "--timeout-graceful-shutdown", "5",
             "--limit-concurrency", str(max_connections), "--backlog", str(backlog),
-            "--timeout-keep-alive", str(max(1, math.ceil(keep_alive_s)))]
+            "--timeout-keep-alive", str(max(1, math.ceil(keep_alive_s))), "--workers", str(workers)]
+    if workers > 1:
+        # The supervisor pings each worker (a thread in it); a loaded machine must not get
+        # a busy worker killed as hung.
+        argv += ["--timeout-worker-healthcheck", "30"]
     return argv if access_log else argv + ["--no-access-log"]
 
 
@@ -442,6 +456,11 @@ def check_exposure(host: str, stdout, stderr) -> int:
 
 
 def run(options, stdout, stderr) -> int:
+    workers, why = web_processes.resolve_workers(options.get("workers"))
+    if not workers:
+        stderr.write(f"llmgw up: {why}\n")
+        return 2
+    options = {**options, "workers": workers}
     exposure = check_exposure(options["host"], stdout, stderr)
     if exposure:
         return exposure
@@ -485,13 +504,17 @@ def run(options, stdout, stderr) -> int:
     finally:
         say(stdout, "llmgw up: stopping (engines first)…\n")
         group.stop()
+        gateway_url.forget(base_url)
 
 
 def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, env: dict[str, str], manage: str,
            base_url: str, token: str, user: str, password: str | None, api_key: str) -> int:
     """Start the children and wait until asked to stop (or one exits); ``run`` stops them."""
     host, port = options["host"], options["port"]
-    group.start("web", web_argv(host, port), env)
+    workers = options.get("workers", 1)
+    group.start("web", web_argv(host, port, workers=workers),
+                web_processes.prepare_metrics_env(dict(env), workers, port))
+    gateway_url.record(base_url)  # `llmgw bench` finds the gateway on this port
     group.start("worker", [sys.executable, manage, "llmgw", "worker"], env)
     # The token travels in the environment, not argv (which `ps` shows to everyone).
     group.start("agent", [sys.executable, manage, "llmgw", "agent", "--server", base_url,
@@ -507,6 +530,8 @@ def _serve(options, stdout, stderr, group: "Group", stopping: threading.Event, e
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started\n")
     else:
         stdout.write(f"llmgw up: web on {base_url}, worker and agent started; waiting for {DEMO_MODEL}…\n")
+    if workers > 1:
+        stdout.write(f"llmgw up: {workers} web processes share {base_url} (--workers)\n")
     stdout.flush()
 
     code = 0

@@ -400,12 +400,14 @@ def test_an_advertised_name_that_resolves_to_every_interface_is_refused(monkeypa
 
 
 async def test_a_key_cut_by_the_log_tails_window_does_not_leak_its_end(manager, tmp_path):
-    """The tail reported upstream is the log's last 8 KiB: a key printed just before them
-    would be cut, and its end (not equal to the key, so not masked) reported. The tail
-    starts at a whole line."""
+    """The tail reported upstream is within the log's last LOG_WINDOW_BYTES: a key printed
+    just before them would be cut, and its end (not equal to the key, so not masked)
+    reported. The tail starts at a whole line."""
+    from fleet.agent.engines import LOG_WINDOW_BYTES
+
     key = "K" + "0123456789abcdefghijklmnopqrstuvwxyzABCDEFG" + "Z"
     half = len(key) // 2
-    pad = 8192 - (len(key) - half) - 1  # the window starts in the middle of the key
+    pad = LOG_WINDOW_BYTES - (len(key) - half) - 1  # the window starts in the middle of the key
     script = tmp_path / "chatty.py"
     script.write_text("import sys\n"
                       f"sys.stdout.write('server_args: --api-key ' + {key!r} + '\\n' + 'z' * {pad - 1} + '\\n')\n"

@@ -74,7 +74,7 @@ def test_a_model_reads_its_engines_traits_and_an_external_one_is_openai():
 
 def test_the_explain_line_names_the_limits_and_the_endpoints():
     info = limits_info(model(profile(), max_output_tokens=512))
-    assert info == {"context_length": 2048, "max_output_tokens": 512,
+    assert info == {"context_length": 2048, "max_output_tokens": 512, "default_max_tokens": None,
                     "served_endpoints": ["chat/completions", "completions"],
                     "text": "context 2048 tokens, output at most 512 tokens"}
     assert limits_info(model(profile(command="x --port {port}")))["text"] == (

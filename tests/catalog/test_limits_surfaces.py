@@ -2,6 +2,8 @@
 read-only, the limits in force shown, a refusal in words) and ``llmgw explain``."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from catalog.models import Model, Profile
@@ -63,7 +65,18 @@ def test_explain_shows_the_limits_and_the_endpoints_in_one_line_each(llama_model
     assert "  limits:      context 2048 tokens, output at most 256 tokens\n" in out
     assert "  endpoints:   chat/completions, completions\n" in out
     code, out, _ = llmgw("explain", "gemma", "--json")
-    import json
     assert json.loads(out)["limits"] == {"context_length": 2048, "max_output_tokens": 256,
-                                         "served_endpoints": ["chat/completions", "completions"],
+                                         "default_max_tokens": None, "served_endpoints": ["chat/completions", "completions"],
                                          "text": "context 2048 tokens, output at most 256 tokens"}
+
+
+def test_explain_says_what_a_request_without_max_tokens_gets_where_it_describes_the_output(llama_model):
+    Model.objects.filter(pk=llama_model.pk).update(max_output_tokens=None, default_max_tokens=128)
+    code, out, _ = llmgw("explain", "gemma")
+    assert code == 0
+    assert ("  limits:      context 2048 tokens, output unlimited (up to the context); a request without max_tokens "
+            "gets 128\n") in out
+    limits = json.loads(llmgw("explain", "gemma", "--json")[1])["limits"]
+    assert limits["default_max_tokens"] == 128 and limits["max_output_tokens"] is None
+    external = Model.objects.create(name="gpt", external_base_url="https://api.example.com/v1", default_max_tokens=64)
+    assert "without max_tokens" not in llmgw("explain", external.name)[1]  # the gateway adds none to an external call

@@ -485,3 +485,27 @@ def test_the_prompt_to_count(path, body, text_, token_ids):
 
 async def test_no_streams_merge_into_an_empty_stream():
     assert await asyncio.wait_for(collect(merge_streams([])), 30) == []
+
+
+def test_split_events_cuts_where_a_blank_line_ends_an_event_with_or_without_carriage_returns():
+    """The fast path (no ``\\r``) cuts exactly where the SSE rule does: every buffer of up to
+    seven of ``a``, ``\\n``, ``\\r``, against the regular expression of all three line ends."""
+    import itertools
+    import re
+
+    from gateway import sse
+
+    boundary = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+    def by_rule(buffer: bytes) -> tuple[list[bytes], bytes]:
+        events, start = [], 0
+        for match in boundary.finditer(buffer):
+            events.append(buffer[start:match.end()])
+            start = match.end()
+        return events, buffer[start:]
+
+    for size in range(8):
+        for pieces in itertools.product([b"a", b"\n", b"\r"], repeat=size):
+            buffer = b"".join(pieces)
+            assert sse.split_events(buffer) == by_rule(buffer), buffer
+    assert sse.split_events(b"data: 1\n\ndata: 2\n\ndata: [DO") == ([b"data: 1\n\n", b"data: 2\n\n"], b"data: [DO")

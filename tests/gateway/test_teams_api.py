@@ -86,6 +86,17 @@ def test_bad_values_are_field_messages_and_nothing_is_stored(api, models, body, 
     assert not Team.objects.exists() and not ModelBudget.objects.exists()
 
 
+@pytest.mark.parametrize("kind", ["teams", "keys"])
+def test_a_partial_update_with_a_budget_missing_its_model_is_a_400(api, models, kind):
+    """PATCH is partial, and DRF passes that down to the budgets' items, where a missing
+    ``model`` would otherwise be allowed through (a 500 found by schemathesis)."""
+    owner = Team.objects.create(name="research") if kind == "teams" else ApiKey.create_key("a")[0]
+    answer = api.patch(f"/api/{kind}/{owner.pk}/", {"model_budgets": [{"tokens_per_day": 5}]}, format="json")
+    assert answer.status_code == 400, answer.content
+    assert "model" in str(answer.json()["model_budgets"]), answer.json()
+    assert not ModelBudget.objects.exists()
+
+
 def test_a_team_name_is_unique(api):
     Team.objects.create(name="research")
     answer = api.post("/api/teams/", {"name": "research"}, format="json")

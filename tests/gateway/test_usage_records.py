@@ -42,7 +42,7 @@ def test_an_unreachable_database_keeps_the_rows_within_a_bound(monkeypatch):
     def down(*args, **kwargs):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(UsageRecord.objects, "bulk_create", down)
+    monkeypatch.setattr(usage, "_insert", down)  # the batch's write
     for name in "abcde":
         buffer.add(**row(model_name=name))
     with pytest.raises(OperationalError):
@@ -93,3 +93,16 @@ def test_the_events_that_end_a_stream():
     assert sse.is_done(b"event: message_stop\ndata: {}\n\n")
     assert not sse.is_done(b'data: {"choices": [{"delta": {"content": "[DONE]"}}]}\n\n')
     assert not sse.is_done(b"event: response.output_text.delta\ndata: {}\n\n")
+
+
+def test_a_flushed_row_reads_back_as_it_was_added():
+    buffer = usage.UsageBuffer()
+    at = timezone.now()
+    buffer.add(**row(at=at, model_name="rt", stream=True, upstream_status=500, team_id=7, ttft_ms=1.25))
+    buffer.add(**{k: v for k, v in row(model_name="rt-defaults").items() if k not in ("at", "stream")})
+    assert buffer.flush() == 2
+    got = UsageRecord.objects.get(model_name="rt")
+    assert (got.at, got.stream, got.upstream_status, got.team_id, got.ttft_ms, got.total_ms, got.prompt_tokens) == (
+        at, True, 500, 7, 1.25, 2.0, 1)
+    defaulted = UsageRecord.objects.get(model_name="rt-defaults")
+    assert defaulted.stream is False and abs((defaulted.at - at).total_seconds()) < 3600

@@ -661,3 +661,43 @@ async def test_a_wait_with_no_refresh_ends_false_at_its_timeout():
     assert await w.wait_for_refresh(0.01) is False
     w._task.cancel()
     await asyncio.gather(w._task, return_exceptions=True)
+
+
+async def test_the_database_going_away_is_a_warning_and_its_return_an_info_line(caplog, settings):
+    """An outage's start is what an operator must see (WARNING); its end is good news (INFO),
+    told once with how long it lasted."""
+    import asyncio
+    import logging
+
+    from fleet.live.watch import Watcher
+
+    settings.LLMGW_WATCH_INTERVAL_S = 0.01
+    w = Watcher()
+    failures = iter([OperationalError("could not connect to server")] * 2)
+    back = asyncio.Event()
+
+    async def flush_heartbeats() -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        if any("database back" in r.getMessage() for r in caplog.records):
+            back.set()
+
+    async def nothing(*args, **kwargs) -> None:
+        return None
+
+    w.flush_heartbeats = flush_heartbeats
+    for step in ("_refresh", "_sweep_tokens", "_push_agents", "flush_usage", "_register"):
+        setattr(w, step, nothing)
+    with caplog.at_level(logging.INFO, logger="fleet.live.watch"):
+        task = asyncio.create_task(w._run())
+        try:
+            await asyncio.wait_for(back.wait(), 30)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    told = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "fleet.live.watch"]
+    away = [(level, m) for level, m in told if m.startswith("database unavailable")]
+    returned = [(level, m) for level, m in told if m.startswith("database back after ")]
+    assert [level for level, _ in away] == [logging.WARNING]  # once for the outage, not per retry
+    assert [level for level, _ in returned] == [logging.INFO]

@@ -1,4 +1,4 @@
-"""History retention: old usage records, scaling events and ended replicas are deleted;
+"""History retention: old usage records, scaling events, GPU samples and ended replicas are deleted;
 live replicas, recent rows and a zero (keep forever) setting are left alone."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from catalog.models import ClusterSettings
-from fleet.models import Agent, Replica, ScalingEvent, UsageReport
+from fleet.models import Agent, GpuSample, OperatorAction, Replica, ScalingEvent, UsageReport
 from gateway.models import UsageRecord
 from llmgw import retention
 
@@ -32,23 +32,28 @@ def history(make_model):
     for at in (old, old, recent):
         UsageRecord.objects.create(at=at, model_name="m", path="chat/completions", status=200, total_ms=1)
         ScalingEvent.objects.create(model=model, at=at, from_replicas=1, to_replicas=2, reason="busy")
+        GpuSample.objects.create(agent=agent, agent_name="a", index=0, at=at, memory_used_mib=10,
+                                 memory_total_mib=100, utilisation_pct=50.0)
+        OperatorAction.objects.create(at=at, actor="root (CLI)", action="cordon", target="a")
     return now, replicas
 
 
 def test_history_older_than_the_retention_is_deleted(history):
     now, replicas = history
-    assert retention.prune_history(now) == {"usage_records": 2, "scaling_events": 2, "replicas": 2}
+    assert retention.prune_history(now) == {"usage_records": 2, "scaling_events": 2, "replicas": 2,
+                                            "gpu_samples": 2, "operator_actions": 2}
     assert set(Replica.objects.values_list("pk", flat=True)) == {replicas["old-ready"].pk, replicas["new-stopped"].pk}
-    assert UsageRecord.objects.count() == 1 and ScalingEvent.objects.count() == 1
+    assert UsageRecord.objects.count() == 1 and ScalingEvent.objects.count() == 1 and GpuSample.objects.count() == 1
     assert not UsageReport.objects.exists()  # went with its replica
-    assert retention.prune_history(now) == {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+    assert retention.prune_history(now) == {"usage_records": 0, "scaling_events": 0, "replicas": 0,
+                                            "gpu_samples": 0, "operator_actions": 0}
 
 
 def test_zero_days_keeps_everything(history):
     now, _ = history
     ClusterSettings.objects.filter(pk=ClusterSettings.get_solo().pk).update(history_retention_days=0)
     assert retention.prune_history(now + timedelta(days=3650)) == {"usage_records": 0, "scaling_events": 0,
-                                                                  "replicas": 0}
+                                                                  "replicas": 0, "gpu_samples": 0, "operator_actions": 0}
     assert UsageRecord.objects.count() == 3 and ScalingEvent.objects.count() == 3 and Replica.objects.count() == 4
 
 
@@ -113,5 +118,5 @@ def test_a_retention_beyond_a_century_is_refused_and_never_overflows():
     ClusterSettings.objects.filter(pk=cluster.pk).update(history_retention_days=999_999)  # set around the admin
     UsageRecord.objects.create(at=timezone.now() - timedelta(days=3650), model_name="m", path="chat/completions",
                                status=200, total_ms=1)
-    assert retention.prune_history() == {"usage_records": 0, "scaling_events": 0, "replicas": 0}
+    assert retention.prune_history() == {"usage_records": 0, "scaling_events": 0, "replicas": 0, "gpu_samples": 0, "operator_actions": 0}
     assert UsageRecord.objects.count() == 1  # ten years old, inside a century: kept

@@ -40,12 +40,15 @@ def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
         done = subprocess.run([PYTHON, "manage.py", *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--port", str(free_port())], tmp_path / "up.log", env=env)
+    port = free_port()
+    up = Proc([PYTHON, "manage.py", "llmgw", "up", "--port", str(port)], tmp_path / "up.log", env=env)
     try:
         wait_until(lambda: "llmgw is up" in up.log() or up.proc.poll() is not None, timeout_s=90, interval_s=0.3,
                    what="the banner")
         log = up.log()
         assert up.proc.poll() is None, log[-3000:]
+        # `llmgw bench` finds the gateway on this port; forgotten when up stops.
+        assert (tmp_path / "web_url").read_text() == f"http://127.0.0.1:{port}\n"
         assert "the cluster is STOPPED (`llmgw stop` by" in log
         assert f"LLMGW_DATA_DIR={tmp_path} " in log and "manage.py llmgw start`" in log  # runnable as shown
         assert "not served: the cluster is STOPPED" in log
@@ -56,6 +59,7 @@ def test_up_on_a_stopped_cluster_says_so_at_once_and_stops_promptly(tmp_path):
         assert time.monotonic() - started < 30, up.log()[-3000:]
         # Nothing it started outlives it: qcluster's worker processes once did.
         wait_until(lambda: not processes_with(tmp_path), timeout_s=5, what="every child to be gone")
+        assert not (tmp_path / "web_url").exists()
     finally:
         up.stop(timeout_s=60)
         for pid in processes_with(tmp_path):  # whatever a failure left behind

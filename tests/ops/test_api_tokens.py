@@ -103,7 +103,7 @@ def test_last_use_is_written_at_most_once_a_minute(ops):
 
 def test_the_sixth_failed_token_request_in_a_window_is_429_and_then_even_the_right_password(ops, clock):
     for _ in range(5):
-        assert get_token("guess").status_code == 400
+        assert get_token("guess").status_code == 401
     answer = get_token("guess")
     assert answer.status_code == 429
     assert int(answer["Retry-After"]) >= 1 and "Too many failed logins" in answer.json()["detail"]
@@ -124,7 +124,7 @@ def test_retry_after_says_when_the_window_ends(ops, clock):
 
 def test_failures_count_per_username_across_addresses(ops, clock):
     for n in range(5):
-        assert get_token("guess", REMOTE_ADDR=f"10.0.0.{n + 1}").status_code == 400
+        assert get_token("guess", REMOTE_ADDR=f"10.0.0.{n + 1}").status_code == 401
     assert get_token(REMOTE_ADDR="10.0.9.9").status_code == 429
     # Another user from yet another address is not affected.
     ops.__class__.objects.create_user("other", password="another-long-secret", is_staff=True)
@@ -135,7 +135,7 @@ def test_failures_count_per_address_across_usernames_and_a_forged_forwarded_for_
     for n in range(5):
         answer = get_token("guess", username=f"user{n}", REMOTE_ADDR="203.0.113.7",
                            HTTP_X_FORWARDED_FOR=f"198.51.100.{n}")
-        assert answer.status_code == 400
+        assert answer.status_code == 401
     assert get_token(REMOTE_ADDR="203.0.113.7", HTTP_X_FORWARDED_FOR="192.0.2.1").status_code == 429
     assert get_token(REMOTE_ADDR="203.0.113.8").status_code == 200  # ops itself had no failure
 
@@ -144,7 +144,7 @@ def test_a_success_does_not_count_nor_reset_the_failures(ops, clock):
     for _ in range(4):
         get_token("guess")
     assert get_token().status_code == 200
-    assert get_token("guess").status_code == 400  # the fifth failure
+    assert get_token("guess").status_code == 401  # the fifth failure
     assert get_token().status_code == 429
 
 
@@ -194,7 +194,7 @@ def test_guesses_in_flight_at_once_count_before_their_passwords_are_checked(ops,
     # The claim is a bound: never more than the limit. Fewer may get through when guesses
     # race (a refused one holds its count until it takes it back), never none.
     assert 0 < len(entered) <= 5, f"{len(entered)} guesses reached the password check"
-    refused = 400 if how == "token" else 401  # a wrong password, each way
+    refused = 401  # a wrong password, either way
     assert sorted(answers) == [refused] * len(entered) + [429] * (12 - len(entered)), answers
 
 
@@ -204,7 +204,7 @@ def test_a_number_for_a_username_is_counted_as_that_username(django_user_model, 
     for n in range(5):
         answer = APIClient().post("/api/auth/token/", {"username": 12345, "password": "guess"}, format="json",
                                   REMOTE_ADDR=f"10.2.0.{n}")
-        assert answer.status_code == 400
+        assert answer.status_code == 401
     for username in (12345, "12345"):
         answer = APIClient().post("/api/auth/token/", {"username": username, "password": "right-horse-battery"},
                                   format="json", REMOTE_ADDR="10.2.1.1")
@@ -215,7 +215,7 @@ def test_a_number_for_a_username_is_counted_as_that_username(django_user_model, 
 def test_an_ipv6_client_is_counted_by_its_slash_64(ops, clock):
     """One host holds a whole /64: changing the last bits at every attempt is one address."""
     for n in range(5):
-        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=f"2001:db8:1:2::{n + 1:x}").status_code == 400
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=f"2001:db8:1:2::{n + 1:x}").status_code == 401
     assert get_token(REMOTE_ADDR="2001:db8:1:2:ffff::9").status_code == 429
     assert get_token(REMOTE_ADDR="2001:db8:1:3::1").status_code == 200  # another /64
 
@@ -223,7 +223,7 @@ def test_an_ipv6_client_is_counted_by_its_slash_64(ops, clock):
 def test_an_ipv4_mapped_ipv6_address_is_the_ipv4_address(ops, clock):
     for n in range(5):
         address = "::ffff:198.51.100.4" if n % 2 else "198.51.100.4"
-        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=address).status_code == 400
+        assert get_token("guess", username=f"user{n}", REMOTE_ADDR=address).status_code == 401
     assert get_token(REMOTE_ADDR="198.51.100.4").status_code == 429
     assert get_token(REMOTE_ADDR="::ffff:198.51.100.4").status_code == 429
 
@@ -292,7 +292,7 @@ def test_the_admin_login_page_is_throttled_with_the_api_counters(ops, clock):
 def test_api_failures_throttle_the_admin_login_and_its_username_is_normalised(ops, clock):
     """The admin's form reads a username as NFKC (fullwidth letters log in as ops): counted as ops."""
     for n in range(5):
-        assert get_token("guess", REMOTE_ADDR=f"10.4.0.{n}").status_code == 400
+        assert get_token("guess", REMOTE_ADDR=f"10.4.0.{n}").status_code == 401
     for username in ("ops", " OPS ", "\uff4f\uff50\uff53"):
         answer, logged_in = admin_login(username, "right-horse-battery", REMOTE_ADDR="10.4.1.1")
         assert not logged_in, username

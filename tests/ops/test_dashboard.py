@@ -5,7 +5,6 @@ refreshing itself without a reload."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ from catalog.models import ClusterSettings, Model, Profile
 from fleet.ops import dashboard
 from fleet.models import Agent, Gpu, ModelState, Replica, ScalingEvent
 from fleet.ops.operations import stop_cluster
+from tests.browser import start_chromium
 from tests.processes import ROOT
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -255,22 +255,7 @@ def test_the_agent_admin_can_drain(admin_client, busy):
 def browser(tmp_path):
     """Headless Debian chromium driven by the system chromedriver. Missing, the tests fail
     saying how to install them (bin/setup does it when run as root): never a silent pass."""
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        pytest.fail("Debian's chromium and chromium-driver are not installed: run `bash bin/setup` as root, or "
-                    "`apt-get install chromium chromium-driver`", pytrace=False)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1100"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path, log_output=str(tmp_path / "driver.log")),
-                              options=options)
-    driver.implicitly_wait(0)
+    driver = start_chromium(tmp_path, "1400,1100")
     ARTIFACTS.mkdir(exist_ok=True)
     yield driver
     driver.quit()

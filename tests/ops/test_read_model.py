@@ -17,6 +17,7 @@ from fleet.models import Agent, ControlPlane, ModelState, Replica
 from fleet.ops import cluster as read
 from fleet.ops import dashboard
 from fleet.ops.explain import explain_model
+from fleet.ops.metrics import LIVE_STATES
 from fleet.ops.operations import cluster_status, replicas_running
 from fleet.ops.serializers import AgentSerializer
 from fleet.states import HOLDS_RESOURCES, ReplicaState
@@ -80,8 +81,7 @@ def answers(model) -> dict:
                     "replicas": {r["id"]: r["state"] for r in why["replicas"]}},
         "rest": {a["name"]: a["connected"] for a in AgentSerializer(Agent.objects.all(), many=True).data},
         "metrics": {"alive": scraped[("llmgw_agents_connected", ())],
-                    "replicas": {s.value: scraped[("llmgw_replicas", (("state", s.value),))]
-                                 for s in ReplicaState if s != ReplicaState.STOPPED},
+                    "replicas": {s.value: scraped[("llmgw_replicas", (("state", s.value),))] for s in LIVE_STATES},
                     "not_looked_at": scraped[("llmgw_models_not_looked_at", ())]},
     }
 
@@ -101,9 +101,8 @@ def assert_replicas(said: dict, model, ready: int, states: dict[int, str]) -> No
     holding = {rid: s for rid, s in states.items() if ReplicaState(s) in HOLDS_RESOURCES}
     assert said["dashboard"]["replicas"] == holding
     assert said["dashboard"]["running"] == replicas_running() == len(holding)
-    for state in ReplicaState:
-        if state != ReplicaState.STOPPED:
-            assert said["metrics"]["replicas"][state.value] == list(states.values()).count(state.value), state
+    for state in LIVE_STATES:  # ended replicas (failed, stopped) are history, not counted
+        assert said["metrics"]["replicas"][state.value] == list(states.values()).count(state.value), state
 
 
 # --- alive ------------------------------------------------------------------------------------

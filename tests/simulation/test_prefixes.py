@@ -288,7 +288,7 @@ def test_a_csv_trace_with_a_bad_prefix_is_refused_naming_the_line(tmp_path):
 def test_a_bad_usage_record_is_refused_naming_the_line(tmp_path):
     path = tmp_path / "u.csv"
     path.write_text("at,model,prompt_tokens,completion_tokens\n2026-11-30T00:00:00Z,a,1,1\nnope,a,1,1\n")
-    with pytest.raises(ValueError, match="u.csv:3: record 2: need at"):
+    with pytest.raises(ValueError, match="u.csv:3: record 2: at must be an ISO 8601 instant or Unix seconds between 1970 and 2200, not .nope.$"):
         traces.read_trace(path)
 
 
