@@ -1,4 +1,5 @@
-"""API keys on /v1/: ``Authorization: Bearer KEY``, found by the key's visible prefix and
+"""API keys on /v1/: ``Authorization: Bearer KEY`` (a key sent another way is answered 401
+saying how to send it), found by the key's visible prefix and
 compared by SHA-256 in constant time. Keys are read from memory (``gateway.cache``, refreshed
 with the routing table every ``LLMGW_WATCH_INTERVAL``), so a revocation or expiry applies
 within a fraction of a second (one refresh, ≤ 0.2 s by default); expiry is checked against
@@ -7,6 +8,7 @@ looked up in the database (one indexed query), so it works at once."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -16,6 +18,7 @@ from django.utils import timezone
 
 from llmgw import tokens
 from gateway import cache
+from gateway.database import database_checked
 from gateway.errors import openai_error
 from gateway.models import LIMIT_FIELDS, ApiKey
 from gateway.quotas import UNLIMITED, Tenancy
@@ -44,13 +47,63 @@ def _unauthorized(message: str) -> HttpResponse:
     return openai_error(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
+_SEND_BEARER = "send 'Authorization: Bearer YOUR_KEY'"
+#: Schemes shown back to the client by name: the well-known ones only (any other first word
+#: may be part of a key, and is never echoed).
+_KNOWN_SCHEMES = {"basic", "token", "apikey", "api-key", "key", "digest", "negotiate", "hoba", "mutual", "aws4-hmac-sha256",
+                  "dpop", "gnap"}
+
+
+def missing_key_message(header: str | None, other_headers: Collection[str] = ()) -> str:
+    """Why a request carries no usable ``Bearer`` key, in words that say how to send one;
+    never the key itself. ``header`` is the raw ``Authorization`` value (None when absent),
+    ``other_headers`` the request's header names, lower case (a key sent as ``api-key`` or
+    ``x-api-key``, as other providers take it, is named).
+
+    Shapes: no header → "Missing API key: send …"; a bare key (``Authorization:
+    llmgw-key-…``) → "…has no scheme: send …"; ``Token KEY`` → "…uses the scheme 'Token'
+    …"; ``Bearer:`` → "…no colon after Bearer…"; ``Bearer`` alone → "…no key after Bearer"."""
+    value = (header or "").strip()
+    if not value:
+        for name in ("x-api-key", "api-key"):
+            if name in other_headers:
+                return (f"The gateway does not read the {name} header: {_SEND_BEARER} "
+                        "(create a key with `llmgw keys create`).")
+        return f"Missing API key: {_SEND_BEARER} (create one with `llmgw keys create`)."
+    scheme, space, rest = value.partition(" ")
+    if scheme.lower() == "bearer":
+        return f"Missing API key after 'Bearer' in the Authorization header: {_SEND_BEARER}."
+    if scheme.lower().startswith("bearer:"):
+        return f"The Authorization header has a colon after Bearer: {_SEND_BEARER} (Bearer, a space, the key)."
+    if value[:6].lower() == "bearer":  # "Bearer<TAB>KEY", "Bearer,KEY", a non-breaking space…
+        return (f"The Authorization header has Bearer followed by {_separator(value[6:7])}, not a space: "
+                f"{_SEND_BEARER} (Bearer, one space, the key).")
+    if not space or not rest.strip():
+        return f"The Authorization header lacks the word Bearer before the key: {_SEND_BEARER}."
+    word = scheme.rstrip(":").lower()
+    if word in _KNOWN_SCHEMES:
+        return (f"The Authorization header uses the scheme '{scheme.rstrip(':')}', which the gateway does not take: "
+                f"{_SEND_BEARER}.")
+    return f"The Authorization header does not start with the word Bearer: {_SEND_BEARER}."
+
+
+def _separator(char: str) -> str:
+    """What follows "Bearer" instead of a space, in words: "a tab", "a comma", "U+00A0"."""
+    named = {"\t": "a tab", ",": "a comma", ";": "a semicolon", "=": "an equals sign", "\u00a0": "a non-breaking space"}
+    if char in named:
+        return named[char]
+    return "a letter or digit" if char.isalnum() else f"U+{ord(char):04X}" if char else "nothing"
+
+
 async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
-    """The caller, or a 401 in OpenAI's shape (missing, unknown, revoked or expired key)."""
+    """The caller, or a 401 in OpenAI's shape (missing, unknown, revoked or expired key; a
+    key sent without the word Bearer is told how to send it: :func:`missing_key_message`)."""
     if not settings.LLMGW_GATEWAY_AUTH:
         return ANONYMOUS
-    token = tokens.token_from_authorization(request.headers.get("Authorization"))
+    header = request.headers.get("Authorization")
+    token = tokens.token_from_authorization(header)
     if token is None:
-        return _unauthorized("Missing API key: send 'Authorization: Bearer YOUR_KEY' (create one with `llmgw keys create`).")
+        return _unauthorized(missing_key_message(header, {name.lower() for name in request.headers}))
     prefix = tokens.token_prefix(token)
     entry = tokens.find_by_token(cache.keys_with_prefix(prefix) or (), token)
     if entry is not None:
@@ -64,6 +117,7 @@ async def authenticate(request: HttpRequest) -> Caller | HttpResponse:
 
 
 async def _authenticate_from_database(token: str, prefix: str) -> Caller | HttpResponse:
+    await database_checked()
     rows = [key async for key in ApiKey.objects.filter(prefix=prefix).only(
         "id", "name", "prefix", "sha256", "expires_at", "revoked_at", "team_id", "priority", "updated_at",
         *LIMIT_FIELDS)]

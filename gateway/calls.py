@@ -33,13 +33,14 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import live
 from fleet.live import Endpoint
-from gateway import assembly, metrics, sse
+from gateway import assembly, sse
 from gateway.bodies import developer_as_system, requested_tokens, system_into_first_user
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
 from gateway.relay import contained_error_event, engine_error_response, relay
 from gateway.routing import choose
-from gateway.upstream import Refused, copy_headers, open_upstream, read_bounded, upstream_url, what_broke
+from gateway.upstream import (Refused, copy_headers, open_upstream, read_bounded, timeout_words, upstream_url,
+                              what_broke)
 from gateway.validation import without_empty_stops
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,12 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
     """``out`` sent to ``endpoint`` (a ready replica of ``model``): the upstream response
     (headers read) and the replica that gave it, counted in flight there until the caller
     ends it (``live.end_request``); or the error answer (502 unreachable or failed, 504
-    timeout), already counted out. A connection refused before any byte is retried once on
+    timeout; naming the model and the agent, never an address: :func:`unreachable_message`),
+    already counted out. A connection refused before any byte is retried once on
     another ready replica; nothing else is sent twice (the engine may have read it). Raises
     CancelledError when the client leaves meanwhile."""
     tried: set[int] = set()
+    refusals: list[tuple[str, str]] = []  # (agent, why) of each replica that took no connection
     while True:
         tried.add(endpoint.replica_id)
         if not ex.take_count(endpoint.replica_id):
@@ -87,22 +90,44 @@ async def open_on_replica(model, out: Outgoing, endpoint: Endpoint,
         except Refused as exc:
             live.end_request(endpoint.replica_id)
             live.refused(endpoint.replica_id)  # nothing listens there now: not routed for a moment
-            log.warning("replica %s refused the connection: %s", endpoint.replica_id, exc)
+            log.warning("replica %s of %s on %s took no connection: %s", endpoint.replica_id, model.name,
+                        endpoint.agent_name, exc)
+            refusals.append((endpoint.agent_name, exc.reason))
             other = choose(live.current_view().routes.get(model.id, ()), exclude=tried,
                            policy=model.routing_policy, keys=ex.route_keys, model_name=model.name)
             if other is None or len(tried) >= 2:
-                return openai_error(502, f"The replica serving '{model.name}' is not reachable.",
-                                    code="upstream_unreachable")
+                return openai_error(502, unreachable_message(model.name, refusals), code="upstream_unreachable")
             endpoint = other
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as exc:
             live.end_request(endpoint.replica_id)
-            return openai_error(504, f"The replica serving '{model.name}' did not answer in time.",
+            log.warning("replica %s of %s on %s: %s", endpoint.replica_id, model.name, endpoint.agent_name,
+                        exc or type(exc).__name__)
+            return openai_error(504, f"The replica of '{model.name}' on {endpoint.agent_name} {timeout_words(exc)}.",
                                 code="upstream_timeout")
         except aiohttp.ClientError as exc:
             live.end_request(endpoint.replica_id)
-            log.warning("replica %s failed: %s", endpoint.replica_id, exc or type(exc).__name__)
-            return openai_error(502, f"The replica serving '{model.name}' failed: {what_broke(exc)}.",
-                                code="upstream_error")
+            log.warning("replica %s of %s on %s failed: %s", endpoint.replica_id, model.name, endpoint.agent_name,
+                        exc or type(exc).__name__)
+            return openai_error(502, f"The replica of '{model.name}' on {endpoint.agent_name} failed: "
+                                     f"{what_broke(exc)}.", code="upstream_error")
+
+
+def unreachable_message(model_name: str, refusals: list[tuple[str, str]]) -> str:
+    """The client's words for replicas that took no connection: ``refusals`` holds
+    ``(agent name, why)`` per replica tried, in order (:func:`gateway.upstream.connect_failure`).
+    One: "The replica of 'm' on gpu-1 did not answer: connection refused." Several: "The
+    replicas of 'm' on gpu-1 and gpu-2 did not answer: connection refused." (each agent's
+    reason when they differ). No address or port: those are in the log."""
+    if len(refusals) == 1:
+        agent, why = refusals[0]
+        return f"The replica of '{model_name}' on {agent} did not answer: {why}."
+    agents = list(dict.fromkeys(agent for agent, _ in refusals))
+    reasons = list(dict.fromkeys(why for _, why in refusals))
+    where = agents[0] if len(agents) == 1 else ", ".join(agents[:-1]) + f" and {agents[-1]}"
+    if len(reasons) == 1:
+        return f"The replicas of '{model_name}' on {where} did not answer: {reasons[0]}."
+    return (f"The replicas of '{model_name}' on {where} did not answer: "
+            + "; ".join(f"{agent}: {why}" for agent, why in refusals) + ".")
 
 
 def _replica_headers(endpoint: Endpoint, ex: Exchange) -> dict[str, str]:
@@ -116,7 +141,7 @@ async def forward(model, out: Outgoing, endpoint: Endpoint, ex: Exchange, body: 
     (``gateway.relay``). ``add_usage``: the client asked for the usage chunk; one is added
     if the engine's stream has none. A stream that ends before its first event is answered
     by :func:`probe` (``body`` is the client's)."""
-    ex.overhead_s = time.monotonic() - ex.started  # our own work before the upstream call
+    ex.note_overhead()  # our own work before the upstream call
     try:
         opened = await open_on_replica(model, out, endpoint, ex)
     except asyncio.CancelledError:
@@ -305,7 +330,7 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
     (mapped), one that ends before its first event is asked why (:func:`probe`); the other
     legs are closed."""
     kind = assembly.kind_of(path)
-    ex.overhead_s = time.monotonic() - ex.started
+    ex.note_overhead()
     opened: dict[int, tuple[aiohttp.ClientResponse, Endpoint]] = {}
 
     def pick(i: int):
@@ -494,8 +519,6 @@ async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Co
 
 
 def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Composition) -> StreamingHttpResponse:
-    if ex.model_label != "unknown":
-        metrics.IN_FLIGHT.labels(ex.model_label).inc()
 
     async def chunks():
         if head is not None:
@@ -546,8 +569,6 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
             raise
         finally:
             await merged.aclose()
-            if ex.model_label != "unknown":
-                metrics.IN_FLIGHT.labels(ex.model_label).dec()
             if ex.completion_tokens is None:
                 ex.completion_tokens = ex.content_chunks
             ex.finish(status)

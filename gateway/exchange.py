@@ -33,12 +33,21 @@ class Exchange:
         self.counted_on: int | None = None
         self.upstream_status: int | None = None
         self.stream = False
+        #: Seconds from the start to the first streamed byte (or the whole answer), as the
+        #: client sees it: any wait (queue, hold) included.
         self.ttft_s: float | None = None
+        #: Seconds of the gateway's own work before the upstream call (:meth:`note_overhead`).
         self.overhead_s: float | None = None
+        #: Seconds spent before the upstream call waiting on others (:meth:`waited`): a slot
+        #: in the admission queue, a replica (a cold-start hold), the engine's tokenizer.
+        self.waited_s = 0.0
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.content_chunks = 0
         self.recorded = False
+        #: The model label this request is counted under in ``llmgw_requests_in_flight``
+        #: (from its upstream call to :meth:`finish`), or None.
+        self.in_flight_label: str | None = None
         #: The request's place in its tenants' counters (``gateway.tenants``), settled at the end.
         self.admitted = None
         #: OpenAI's ``x-ratelimit-*`` headers for the answer (empty: the caller has no limits).
@@ -55,6 +64,23 @@ class Exchange:
                 self.prompt_tokens = prompt
             if (completion := integers.count_or_none(usage_.get("completion_tokens"))) is not None:
                 self.completion_tokens = completion
+
+    def waited(self, seconds: float) -> None:
+        """Count ``seconds`` (>= 0) of waiting on others before the upstream call: not the
+        gateway's own work, so not its overhead (TTFT and the total keep them)."""
+        if seconds > 0:
+            self.waited_s += seconds
+
+    def note_overhead(self) -> None:
+        """Set :attr:`overhead_s` as the upstream call begins: the time since the request
+        began less what it waited (:meth:`waited`) — what ``X-Llmgw-Overhead-Ms``, the
+        usage record's ``overhead_ms`` and ``llmgw_gateway_overhead_seconds`` show. From
+        here to :meth:`finish` the request counts in ``llmgw_requests_in_flight`` (JSON and
+        streamed answers alike; once, however many upstream calls it makes)."""
+        self.overhead_s = max(0.0, time.monotonic() - self.started - self.waited_s)
+        if self.in_flight_label is None and not self.recorded:
+            self.in_flight_label = self.model_label
+            metrics.child(metrics.IN_FLIGHT, self.in_flight_label).inc()
 
     def count_on(self, replica_id: int) -> None:
         """Count this request in flight on ``replica_id`` now (routing chose it)."""
@@ -76,6 +102,9 @@ class Exchange:
         if self.recorded:
             return
         self.recorded = True
+        if self.in_flight_label is not None:
+            metrics.child(metrics.IN_FLIGHT, self.in_flight_label).dec()
+            self.in_flight_label = None
         total = time.monotonic() - self.started
         if self.admitted is not None:
             answered = self.upstream_status is not None and self.upstream_status < 400
@@ -83,11 +112,11 @@ class Exchange:
                            refused_here=status == 400 and self.upstream_status is None)
         for done in self.on_finish:
             done()
-        metrics.REQUESTS.labels(self.model_label, str(status)).inc()
+        metrics.child(metrics.REQUESTS, self.model_label, str(status)).inc()
         if self.model_label != "unknown":
-            metrics.LATENCY.labels(self.model_label).observe(total)
+            metrics.child(metrics.LATENCY, self.model_label).observe(total)
             if self.ttft_s is not None:
-                metrics.TTFT.labels(self.model_label).observe(self.ttft_s)
+                metrics.child(metrics.TTFT, self.model_label).observe(self.ttft_s)
         if self.overhead_s is not None:
             metrics.OVERHEAD.observe(self.overhead_s)
         usage_records.add(

@@ -38,8 +38,9 @@ from django.utils import timezone
 from catalog.models import NAME_RE, Model
 from fleet import live
 from fleet.live import Endpoint, ModelStatus, RouteKeys
-from gateway import assembly, cache, calls, endpoints, held, metrics, queueing, routing, tenants, validation
+from gateway import assembly, cache, calls, endpoints, held, queueing, routing, tenants, validation
 from gateway.auth import authenticate, forbidden
+from gateway.database import checked, database_checked
 from gateway.bodies import (asks_usage, body_limit_error, context_problem, parse_body, requested_tokens,
                             token_bound, upstream_body)
 from gateway.errors import openai_error
@@ -47,7 +48,8 @@ from gateway.exchange import Exchange
 from gateway.relay import relay
 from gateway.routing import choose
 from gateway.tokenize import count_tokens
-from gateway.upstream import Refused, client_query, open_upstream, request_headers, upstream_client, upstream_url
+from gateway.upstream import (Refused, client_query, open_upstream, request_headers, timeout_words, upstream_client,
+                              upstream_url, what_broke)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,7 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
     if not known_name:
         model = None  # no model can be called that (a NUL, a newline…): never a database question
     elif model is None or not caller.may_use(model.id) or (not model.is_external and not view.routes.get(model.id)):
+        await database_checked()
         model = await Model.aresolve(name)  # not sure from memory: ask the database
     if model is None:
         return ex.answer(openai_error(404, f"The model '{ex.model_name[:200]}' does not exist.", code="model_not_found",
@@ -155,14 +158,13 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
         if model.external_api_key:
             headers["authorization"] = f"Bearer {model.external_api_key}"
         url = upstream_url(f"{model.external_base_url.rstrip('/')}/{path}", query)
-        ex.overhead_s = time.monotonic() - ex.started
+        ex.note_overhead()
         try:
             upstream = await open_upstream(url, content, headers)
         except (Refused, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # Its address (an internal host name, a port) is for the log, not the client.
             log.warning("external service for %s not reachable: %s", model.name, exc or type(exc).__name__)
-            return ex.answer(openai_error(502, f"The external service for '{model.name}' is not reachable.",
-                                          code="upstream_unreachable"))
+            return ex.answer(external_failure(model.name, exc))
         except asyncio.CancelledError:
             ex.finish(499)  # the client went away before the answer's headers
             raise
@@ -175,7 +177,7 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
         if full is not None:
             return ex.answer(full)
         ex.route_keys = routing.route_keys(model.routing_policy, path, body, request.headers)
-        found = await _find_replica(model, ex.route_keys)
+        found = await _find_replica(model, ex.route_keys, ex)
         if isinstance(found, Endpoint):
             ex.count_on(found.replica_id)  # in flight there from now: the next choice sees it
         if served_here and traits.tokenize_path and not traits.streams_usage:
@@ -203,6 +205,19 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
                                add_usage=add_usage)
 
 
+def external_failure(model_name: str, exc: BaseException) -> HttpResponse:
+    """The client's answer when an external model's service could not be asked: 502
+    ``upstream_unreachable`` ("The external service for 'm' did not answer: its host name
+    did not resolve."), 504 ``upstream_timeout`` ("…did not answer within 600 s."), 502
+    ``upstream_error`` for a connection that broke. Never the service's address."""
+    subject = f"The external service for '{model_name}'"
+    if isinstance(exc, Refused):
+        return openai_error(502, f"{subject} did not answer: {exc.reason}.", code="upstream_unreachable")
+    if isinstance(exc, asyncio.TimeoutError):
+        return openai_error(504, f"{subject} {timeout_words(exc)}.", code="upstream_timeout")
+    return openai_error(502, f"{subject} failed: {what_broke(exc)}.", code="upstream_error")
+
+
 #: The most upstream requests one composed answer may make (prompts × n; OpenAI's own n is
 #: at most 128).
 MAX_LEGS = 128
@@ -226,9 +241,11 @@ async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) ->
         prompt = body.get("prompt")
         texts = prompt if (isinstance(prompt, list) and len(prompt) > 1 and len(prompt) <= MAX_LEGS
                            and all(isinstance(p, str) for p in prompt)) else [assembly.prompt_text(path, body)]
+        asked_at = time.monotonic()
         counts = await asyncio.gather(*(count_tokens(upstream_client(), endpoint.url, endpoint.key,
                                                      traits.tokenize_path, text, timeout_s=_TOKENIZE_TIMEOUT_S,
                                                      engine=traits.engine) for text in texts))
+        ex.waited(time.monotonic() - asked_at)  # the engine's work (maybe behind a generation), not ours
         if any(c is None for c in counts):
             return None
         count, longest = sum(counts), max(counts)
@@ -276,12 +293,13 @@ def _composition(model, body: dict, stream: bool, prompt_tokens: int | None) -> 
     return None
 
 
-async def _find_replica(model: Model | cache.CachedModel, keys: RouteKeys) -> Endpoint | HttpResponse:
+async def _find_replica(model: Model | cache.CachedModel, keys: RouteKeys, ex: Exchange) -> Endpoint | HttpResponse:
     """A ready replica of ``model`` chosen by its routing policy and the request's ``keys``
     (``gateway.routing``), holding the request while one may come (cold start):
     until a route appears, ``gateway.held.verdict`` answers from a refresh of the view, or
     the cold-start timeout runs out (503 ``model_loading``). docs/architecture.md,
-    "Gateway rules": cold start."""
+    "Gateway rules": cold start. The hold, from the want on, is ``ex``'s wait, not its
+    overhead (:meth:`Exchange.waited`)."""
     view = live.current_view()
     endpoints = view.routes.get(model.id)
     if endpoints:
@@ -290,15 +308,24 @@ async def _find_replica(model: Model | cache.CachedModel, keys: RouteKeys) -> En
     early = held.verdict(model.name, model.on_demand, status, view, timezone.now())
     if early is not None:
         return early
-    trust_after = time.monotonic()
+    waiting_since = time.monotonic()
+    try:
+        return await _hold(model, keys, status, waiting_since, view.cold_start_timeout_s)
+    finally:
+        ex.waited(time.monotonic() - waiting_since)
+
+
+async def _hold(model: Model | cache.CachedModel, keys: RouteKeys, status: ModelStatus, trust_after: float,
+                timeout_s: float) -> Endpoint | HttpResponse:
+    """:func:`_find_replica`'s hold: want the model (on demand), then wait up to
+    ``timeout_s`` (the cold-start timeout) for a route or a verdict."""
     if model.on_demand:
         await _want(model.id)
         trust_after = time.monotonic()
     hold = held.hold_start(status, trust_after)
-    timeout_s = view.cold_start_timeout_s
     log.info("holding a request for %s while it starts (up to %.0f s)", model.name, timeout_s)
     deadline = time.monotonic() + timeout_s
-    metrics.HELD.inc()
+    began = held.began_holding(model.name)
     try:
         async with live.holding():
             while True:
@@ -315,7 +342,7 @@ async def _find_replica(model: Model | cache.CachedModel, keys: RouteKeys) -> En
                 if answer is not None:
                     return answer
     finally:
-        metrics.HELD.dec()
+        held.ended_holding(model.name, began)
     retry_after = max(1, int(min(timeout_s, 30)))
     return openai_error(
         503,
@@ -336,7 +363,7 @@ async def _want(model_id: int) -> None:
     loop = asyncio.get_running_loop()
     task = _wants.get(model_id)
     if task is None or task.done() or task.get_loop() is not loop:
-        task = loop.create_task(sync_to_async(live.want_model)(model_id))
+        task = loop.create_task(sync_to_async(checked(live.want_model))(model_id))
         _wants[model_id] = task
 
         def done(t: asyncio.Future, key: int = model_id) -> None:
@@ -365,6 +392,7 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     if isinstance(caller, HttpResponse):
         return caller
     data = []
+    await database_checked()
     async for model in Model.objects.select_related("profile").order_by("name"):
         if caller.may_use(model.id):
             data.append(_model_object(model))
@@ -377,7 +405,10 @@ async def retrieve_model(request: HttpRequest, name: str) -> HttpResponse:
     caller = await authenticate(request)
     if isinstance(caller, HttpResponse):
         return caller
-    model = await Model.aresolve(name) if NAME_RE.match(name) else None
+    model = None
+    if NAME_RE.match(name):
+        await database_checked()
+        model = await Model.aresolve(name)
     if model is None:
         shown = json.dumps(name[:200])[1:-1]  # escaped: a control character is not echoed as it came
         return openai_error(404, f"The model '{shown}' does not exist.", code="model_not_found", param="model")

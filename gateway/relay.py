@@ -18,7 +18,7 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet import live
-from gateway import assembly, metrics, sse
+from gateway import assembly, sse
 from gateway.engine_errors import map_engine_error, one_line
 from gateway.errors import openai_error
 from gateway.exchange import Exchange
@@ -145,9 +145,6 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
             return await on_empty()
         return ex.answer(openai_error(502, f"The upstream serving '{ex.model_label}' ended its stream before any "
                                            "event.", code="upstream_stream_broken"))
-    if ex.model_label != "unknown":
-        metrics.IN_FLIGHT.labels(ex.model_label).inc()
-
     async def pieces():
         yield opening
         async for chunk in upstream.content.iter_any():
@@ -160,12 +157,13 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
         done_sent = False  # the client has the stream's last event: it may hang up now
         usage_seen = False
         kind = assembly.kind_of(ex.path)
+        limit = settings.LLMGW_MAX_UPSTREAM_BODY_BYTES
         try:
             async for chunk in pieces():
                 buffer += chunk
                 complete, buffer = sse.split_events(buffer)
-                if len(buffer) > settings.LLMGW_MAX_UPSTREAM_BODY_BYTES:
-                    raise UpstreamAnswerTooLarge(f"an event is over {settings.LLMGW_MAX_UPSTREAM_BODY_BYTES} bytes")
+                if len(buffer) > limit:
+                    raise UpstreamAnswerTooLarge(f"an event is over {limit} bytes")
                 out = []
                 ends = False
                 for event in complete:
@@ -226,8 +224,6 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
                 upstream.close()  # drop the connection: the engine sees the request cancelled
             if replica_id is not None:
                 live.end_request(replica_id)
-            if ex.model_label != "unknown":
-                metrics.IN_FLIGHT.labels(ex.model_label).dec()
             if ex.completion_tokens is None and ex.content_chunks:
                 # Engines that send no usage chunk (llama-cpp-python): one token per chunk.
                 ex.completion_tokens = ex.content_chunks

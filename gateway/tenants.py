@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
 from django.db.models import F, Sum
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse
@@ -166,8 +167,19 @@ outage = _Outage()
 async def _seed(counters, checks: list[Check], missing: tuple[int, ...]) -> None:
     for i in missing:
         check = checks[i]
-        value = await sync_to_async(spent_tokens, thread_sensitive=False)(check)
+        value = await sync_to_async(_spent_tokens_closed, thread_sensitive=False)(check)
         await counters.seed(check.key, value, check.ttl_s)
+
+
+def _spent_tokens_closed(check: Check) -> int:
+    """:func:`spent_tokens` in a thread of the loop's executor, whose database connection
+    is checked before (a PostgreSQL restart since) and closed after (as Django closes a
+    request's: the executor's threads are not request threads)."""
+    close_old_connections()
+    try:
+        return spent_tokens(check)
+    finally:
+        close_old_connections()
 
 
 def spent_tokens(check: Check) -> int:

@@ -86,6 +86,25 @@ async def watcher_cleanup():
     watcher.consumers.clear()
 
 
+def _refuse_exec(name: str):
+    def refused(*args, **kwargs):
+        raise RuntimeError(f"a test called os.{name}{args[:2]!r}: it would replace the test process (pytest) "
+                           "with another program; monkeypatch it in the test")
+    return refused
+
+
+@pytest.fixture(autouse=True)
+def no_exec_in_the_test_process(monkeypatch):
+    """``llmgw web`` and ``llmgw up`` end in ``os.execve``: a test that forgot to replace it
+    turned pytest into uvicorn, which then died of the test's timeout alarm (its SIGALRM
+    timer survives exec, its handler does not) and ended the whole run. Every ``os.exec*``
+    raises here instead; a test replaces the one it expects. (subprocess does not use them.)"""
+    import os
+
+    for name in ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe"):
+        monkeypatch.setattr(os, name, _refuse_exec(name))
+
+
 @pytest.fixture(autouse=True)
 def fresh_login_counters(monkeypatch):
     """Failed-login counters (llmgw.auth_throttle) of their own for each test, so one

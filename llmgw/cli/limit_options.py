@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from catalog.models import Model
 from gateway import tenant_usage
 from gateway.models import LIMIT_FIELDS, ModelBudget, Priority, Team
+from llmgw.cli.output import when
 
 #: Option → the limit field it sets.
 LIMIT_OPTIONS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute", "concurrency": "max_concurrent_requests",
@@ -137,7 +138,8 @@ def limits_json(obj) -> dict[str, int | None]:
 
 def usage_text(found: dict) -> str:
     """A usage (``tenant_usage.usage``) in one cell: ``RPM 3/10, TPM 200/1,000``; requests
-    at once that only the web process knows are ``—``; no limits: empty."""
+    at once that only the web process knows are ``—``; no limits: ``nothing counted`` (a
+    blank cell read as "not measured yet")."""
     parts = []
     for name, entry in found["limits"].items():
         used = "—" if entry["used"] is None else f"{entry['used']:,}"
@@ -145,7 +147,7 @@ def usage_text(found: dict) -> str:
     for model, budgets in found["model_budgets"].items():
         for name, entry in budgets.items():
             parts.append(f"{model} {tenant_usage.SHORT_NAMES[name]} {entry['used']:,}/{entry['limit']:,}")
-    return ", ".join(parts)
+    return ", ".join(parts) or "nothing counted"
 
 
 def usage_caption(found: list[dict]) -> str:
@@ -175,4 +177,4 @@ def usage_rows(found: dict) -> list[list]:
 def _row(name: str, model: str, entry: dict) -> list:
     used = tenant_usage.CONCURRENCY_ELSEWHERE if entry["used"] is None else f"{entry['used']:,}"
     remaining = "—" if entry["remaining"] is None else f"{entry['remaining']:,}"
-    return [name.replace("_", " "), model, used, f"{entry['limit']:,}", remaining, entry["resets_at"] or "—"]
+    return [name.replace("_", " "), model, used, f"{entry['limit']:,}", remaining, when(entry["resets_at"])]

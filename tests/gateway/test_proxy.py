@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -312,6 +313,31 @@ def test_metrics_parse_and_count_requests_by_model_and_status(servers, key, mode
     for name in ("llmgw_time_to_first_token_seconds", "llmgw_request_duration_seconds", "llmgw_gateway_overhead_seconds",
                  "llmgw_requests_in_flight", "llmgw_requests_held_for_cold_start", "llmgw_replicas", "llmgw_agents_connected"):
         assert name in families, name
+
+
+def in_flight(servers, model: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(servers["url"] + "/metrics").text)}
+    return sum(s.value for s in families["llmgw_requests_in_flight"].samples if s.labels.get("model") == model)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_a_request_counts_in_flight_from_its_upstream_call_to_its_end(servers, key, models, stream):
+    """A JSON answer comes whole at the end (the engine holds its headers until then): it was
+    never counted in ``llmgw_requests_in_flight``, which only streams were."""
+    wait_until(lambda: in_flight(servers, "slow") == 0, timeout_s=60, what="earlier tests' requests to end")
+    sent = [r for r in records(servers, "slow") if r["event"] == "request"]
+    answered = []
+    client = threading.Thread(target=lambda: answered.append(post(
+        servers, "/v1/chat/completions", {"model": "slow", "messages": HI, "stream": stream}, key, timeout=120)))
+    client.start()
+    try:
+        wait_until(lambda: len([r for r in records(servers, "slow") if r["event"] == "request"]) > len(sent),
+                   timeout_s=60, what="the engine to get the request")
+        assert in_flight(servers, "slow") == 1  # its answer is 5 s away
+    finally:
+        client.join(120)
+    assert answered[0].status_code == 200
+    wait_until(lambda: in_flight(servers, "slow") == 0, timeout_s=30, what="the gauge back to 0")
 
 
 def test_usage_is_flushed_when_the_web_process_is_stopped(servers, models, tmp_path):

@@ -5,11 +5,14 @@ limits and model budgets: what is stored, what is printed, and the exit codes (0
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
-from gateway import tenants
-from gateway.models import ApiKey, ModelBudget, Priority, Team
+from gateway import tenant_usage, tenants
+from gateway.models import ApiKey, ModelBudget, Priority, Team, UsageRecord
 from tests.cli import llmgw
 
 pytestmark = pytest.mark.django_db
@@ -118,6 +121,12 @@ def test_keys_list_shows_team_limits_and_usage_and_where_it_comes_from():
     assert row["usage"]["limits"]["max_concurrent_requests"]["used"] is None
 
 
+def test_keys_list_says_a_key_without_limits_has_nothing_counted():
+    ApiKey.create_key("free")
+    code, out, _ = llmgw("keys", "list")
+    assert code == 0 and "nothing counted" in out
+
+
 def test_budgets_for_one_model_are_set_kept_and_removed(make_model):
     make_model("chat")
     Team.objects.create(name="research")
@@ -138,8 +147,28 @@ def test_budgets_for_one_model_are_set_kept_and_removed(make_model):
     assert list(ModelBudget.objects.values_list("key__name", flat=True)) == ["ci"]
 
 
-def test_status_shows_the_admission_settings():
+def test_status_shows_the_admission_settings(settings):
+    settings.REDIS_URL = "redis://127.0.0.1:6379/15"
     code, out, _ = llmgw("status")
-    assert code == 0 and "rate_limits_without_redis=open" in out
+    assert code == 0 and "while Redis is unreachable, limited keys are admitted uncounted" in out
+    assert "rate_limits_without_redis=open" in out
+    settings.REDIS_URL = ""  # embedded mode: no Redis to lose, the web process counts
+    code, out, _ = llmgw("status")
+    assert code == 0 and "counted by the web process (embedded mode, no Redis)" in out
+    assert "rate_limits_without_redis" not in out
     assert json.loads(llmgw("status", "--json")[1])["admission"] == {"rate_limits_without_redis": "open",
                                                                      "admission_wait_s": 30}
+
+
+def test_keys_list_counts_requests_per_minute_as_the_limiter_does_not_every_usage_record(monkeypatch):
+    key, _ = ApiKey.create_key("ci", requests_per_minute=60)
+    now_s = (int(time.time() // 60) - 1) * 60 + 30.0  # the middle of a minute, whenever the test runs
+    monkeypatch.setattr(tenant_usage, "time", SimpleNamespace(time=lambda: now_s))
+    at = datetime.fromtimestamp(now_s - 1, tz=UTC)
+    for status, upstream in ((200, 200), (200, 200), (502, None), (499, None), (400, 400),  # admitted: 5
+                             (404, None), (400, None), (429, None), (403, None)):  # refused before or at admission
+        UsageRecord.objects.create(at=at, key=key, model_name="chat", path="chat/completions", status=status,
+                                   upstream_status=upstream, total_ms=1)
+    assert "RPM 5/60" in llmgw("keys", "list")[1]
+    data = json.loads(llmgw("keys", "list", "--json")[1])
+    assert data[0]["usage"]["limits"]["requests_per_minute"]["used"] == 5

@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 
+import httpx
 import psycopg
 import pytest
 
@@ -104,3 +105,21 @@ def test_engines_keep_serving_and_nothing_is_placed_anew_when_postgresql_restart
     assert during, traffic.summary()
     late = [a for a in traffic.answers if a.at > up_at + 3]
     assert late and all(a.status == 200 for a in late), traffic.summary()
+
+
+def test_the_gateways_own_database_questions_reconnect_after_a_restart(production):
+    """Under ``/v1/`` Django's request signals (which close an obsolete or broken connection)
+    run at most once a second, so the connection of the thread where the async ORM runs can
+    outlive its request: after a restart, the next question on it (``/v1/models``, a model or
+    key not in memory) was answered 503. Each such question now checks it first."""
+    pg, cluster = production
+    wait_until(lambda: httpx.get(cluster.url + "/v1/models", timeout=10).status_code == 200, timeout_s=60,
+               what="/v1/models to answer")
+    for _ in range(8):  # in quick succession: some within a second of the signals' last run keep their connection
+        assert httpx.get(cluster.url + "/v1/models", timeout=10).status_code == 200
+    pg.stop("fast")
+    pg.start()
+    wait_until(lambda: query(pg, "SELECT 1") == [(1,)], timeout_s=30, what="PostgreSQL to be back")
+    answers = [(path, httpx.get(cluster.url + path, timeout=10).status_code)
+               for path in ("/v1/models", "/v1/models/steady") * 3]
+    assert answers == [(path, 200) for path in ("/v1/models", "/v1/models/steady") * 3], cluster.logs()
