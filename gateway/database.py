@@ -13,7 +13,17 @@ unusable), so a PostgreSQL restart since its last use costs a reconnect, not a 5
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import connections
+
+
+def close_old_connections() -> None:
+    """Django's ``close_old_connections`` for the connections of this thread that are not
+    inside a transaction: one in an ``atomic`` block is the caller's (a test's transaction,
+    under Django's test clients, which disconnect the signal's receiver for that reason);
+    closing it would end that transaction."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 async def database_checked() -> None:

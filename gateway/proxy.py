@@ -64,7 +64,8 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     try:
         response = await _serve(request, path, ex)
     except BaseException:
-        if (ex.admitted is not None or ex.on_finish or ex.counted_on is not None) and not ex.recorded:
+        if (ex.admitted is not None or ex.on_finish or ex.counted_on is not None
+                or ex.in_flight_label is not None) and not ex.recorded:
             ex.finish(499)  # settle: the counters and the queue must not keep a request that is gone
         raise
     for name, value in ex.rate_headers.items():

@@ -278,8 +278,10 @@ async def application(scope, receive, send):
                     await _shutdown()
                 finally:
                     # The queued log lines now, and later ones straight out: uvicorn re-raises
-                    # SIGTERM once it is down, so no atexit hook would run.
-                    logqueue.drain()
+                    # SIGTERM once it is down, so no atexit hook would run. No time limit: a
+                    # reader that is behind would block the lines written after this anyway
+                    # (the same pipe), so a limit only loses the queued ones and reorders them.
+                    logqueue.drain(timeout_s=None)
                     await send({"type": "lifespan.shutdown.complete"})
                 return
     if not _gc_settled:

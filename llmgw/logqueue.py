@@ -65,9 +65,9 @@ def install() -> None:
         logger.handlers = [h if isinstance(h, Deferred) else Deferred(h, _queue) for h in logger.handlers]
 
 
-def drain(timeout_s: float = 5.0) -> None:
+def drain(timeout_s: float | None = 5.0) -> None:
     """Give every logger its own handlers back, write what is queued and stop the writer
-    thread (at exit; tests)."""
+    thread (at exit; tests); ``timeout_s`` None waits until every queued line is written."""
     global _queue, _thread
     out, thread = _queue, _thread
     if out is None or thread is None:

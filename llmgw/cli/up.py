@@ -461,6 +461,10 @@ def run(options, stdout, stderr) -> int:
         stderr.write(f"llmgw up: {why}\n")
         return 2
     options = {**options, "workers": workers}
+    problem = web_processes.port_problem(options["port"])
+    if problem:
+        stderr.write(f"llmgw up: {problem}\n")
+        return 2
     exposure = check_exposure(options["host"], stdout, stderr)
     if exposure:
         return exposure
@@ -468,7 +472,8 @@ def run(options, stdout, stderr) -> int:
     if lock_fd is None:
         stderr.write(f"llmgw up: {why}\n")
         return 1
-    if not can_listen(options["host"], options["port"]):
+    if not can_listen(options["host"], options["port"]) or (
+            workers > 1 and web_processes.listened_on_anywhere(options["port"])):
         stderr.write(f"llmgw up: {options['host']}:{options['port']} is already in use "
                      "(another llmgw up?); choose another with --port\n")
         return 1

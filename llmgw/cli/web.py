@@ -33,10 +33,15 @@ def run(options, stdout, stderr) -> int:
     if not workers:
         stderr.write(f"llmgw web: {why}\n")
         return 2
+    problem = web_processes.port_problem(options["port"])
+    if problem:
+        stderr.write(f"llmgw web: {problem}\n")
+        return 2
     refused = check_exposure(options["host"], stdout, stderr)
     if refused:
         return refused
-    if not can_listen(options["host"], options["port"]):
+    if not can_listen(options["host"], options["port"]) or (
+            workers > 1 and web_processes.listened_on_anywhere(options["port"])):
         # Before anything else: the metrics directory below belongs to whatever already
         # listens there, if it is another `llmgw web` on this port.
         stderr.write(f"llmgw web: {options['host']}:{options['port']} is already in use "

@@ -81,6 +81,29 @@ def resolve_workers(requested: str | int | None) -> tuple[int, str]:
     return workers, ""
 
 
+def port_problem(port: int) -> str:
+    """Why ``--port`` cannot be used ("" when it can): not 1-65535 (0 would be a port of the
+    kernel's choosing, which ``gateway_url`` and the metrics directory cannot name)."""
+    if not 0 < port < 65536:
+        return f"--port {port}: give a port from 1 to 65535"
+    return ""
+
+
+def listened_on_anywhere(port: int) -> bool:
+    """Whether any address of this machine listens on ``port`` (IPv4 or IPv6): the metrics
+    directory is per port, so several web processes must not start on a port another
+    server uses on another address (they would empty, then share, its directory)."""
+    from fleet import protocol
+
+    for wildcard in ("0.0.0.0", "::"):
+        try:
+            if not protocol.port_free(wildcard, port):
+                return True
+        except OSError:  # no IPv6 here
+            continue
+    return False
+
+
 def metrics_dir(port: int) -> Path:
     """Where the web processes on ``port`` keep their Prometheus samples (multiprocess
     mode): in the data directory, one per port (two ``llmgw web`` on one machine keep
