@@ -12,18 +12,30 @@ unusable), so a PostgreSQL restart since its last use costs a reconnect, not a 5
 
 from __future__ import annotations
 
+import logging
+
 from asgiref.sync import sync_to_async
 from django.db import connections
+
+log = logging.getLogger(__name__)
 
 
 def close_old_connections() -> None:
     """Django's ``close_old_connections`` for the connections of this thread that are not
     inside a transaction: one in an ``atomic`` block is the caller's (a test's transaction,
     under Django's test clients, which disconnect the signal's receiver for that reason);
-    closing it would end that transaction."""
+    closing it would end that transaction.
+
+    Never raises: the check only tidies up, so a failure of its own (closing a connection
+    already broken) leaves the question that follows to meet the database as it is — a
+    503 then, as before, never the question skipped."""
     for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:
+        if conn.in_atomic_block:
+            continue
+        try:
             conn.close_if_unusable_or_obsolete()
+        except Exception as exc:  # noqa: BLE001 (see above)
+            log.debug("could not check the database connection %r: %s", conn.alias, exc)
 
 
 async def database_checked() -> None:

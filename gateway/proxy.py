@@ -242,6 +242,9 @@ async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) ->
         prompt = body.get("prompt")
         texts = prompt if (isinstance(prompt, list) and len(prompt) > 1 and len(prompt) <= MAX_LEGS
                            and all(isinstance(p, str) for p in prompt)) else [assembly.prompt_text(path, body)]
+        surely_over = _surely_over_context(path, texts, model.context_limit)
+        if surely_over is not None:
+            return surely_over
         asked_at = time.monotonic()
         counts = await asyncio.gather(*(count_tokens(upstream_client(), endpoint.url, endpoint.key,
                                                      traits.tokenize_path, text, timeout_s=_TOKENIZE_TIMEOUT_S,
@@ -250,16 +253,41 @@ async def _count_prompt(model, path: str, body: dict, endpoint, ex: Exchange) ->
         if any(c is None for c in counts):
             return None
         count, longest = sum(counts), max(counts)
-    ex.prompt_tokens = count
     asked = requested_tokens(body, None)  # what the client named; the model's default is ours to fit
     problem = context_problem(path, longest, asked, model.context_limit)
     if problem is not None:
         param, message, code = problem
         return openai_error(400, message, code=code, param=param)
+    # Only a request that goes on is charged its prompt (usage record, metrics, budgets): a
+    # refused one costs its key nothing.
+    ex.prompt_tokens = count
     default, context = model.default_max_tokens, model.context_limit
     if not asked and default and context and longest + default > context:
         return max(1, context - longest)
     return None
+
+
+#: The most bytes of UTF-8 text one token stands for, in any vocabulary the engines use (their
+#: longest tokens are runs of a few dozen characters): a prompt longer than the context times
+#: this is over the context whatever the tokenizer. Such a prompt is refused at once, without
+#: asking the engine's tokenizer — megabytes cost it tens of seconds, during which the replica
+#: serves no one, and a second such prompt waiting behind it would time out and go uncounted.
+MAX_BYTES_PER_TOKEN = 128
+
+
+def _surely_over_context(path: str, texts: list[str], context_length: int | None) -> HttpResponse | None:
+    """OpenAI's 400 ``context_length_exceeded`` for a prompt of ``texts`` (one per leg) whose
+    longest is more than ``context_length`` × :data:`MAX_BYTES_PER_TOKEN` bytes; else None."""
+    if not context_length:
+        return None
+    longest = max((len(text.encode("utf-8", "surrogatepass")) for text in texts), default=0)
+    if longest <= context_length * MAX_BYTES_PER_TOKEN:
+        return None
+    param, where, are = ("messages", "messages", "are") if path == "chat/completions" else ("prompt", "prompt", "is")
+    return openai_error(400, f"This model's maximum context length is {context_length} tokens. However, your "
+                             f"{where} {are} {longest:,} bytes of text, more than {context_length} tokens in any "
+                             f"tokenizer. Please reduce the length of the {where}.",
+                        code="context_length_exceeded", param=param)
 
 
 #: How long the prompt's count may wait for the engine's tokenizer (behind a generation in

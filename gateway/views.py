@@ -40,8 +40,8 @@ async def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 def unknown_url(request: HttpRequest) -> HttpResponse:
     """404 ``unknown_url`` in OpenAI's shape, naming the method and path (truncated)."""
     shown = request.path if len(request.path) <= 200 else request.path[:200] + "…"
-    return openai_error(404, f"Unknown URL ({request.method} {shown}): the gateway serves POST /v1/ "
-                             f"{', '.join(endpoints.OPENAI_ENDPOINTS)} and GET /v1/models.", code="unknown_url")
+    return openai_error(404, f"Unknown URL ({request.method} {shown}): the gateway serves POST "
+                             f"{', '.join('/v1/' + e for e in endpoints.OPENAI_ENDPOINTS)} and GET /v1/models.", code="unknown_url")
 
 
 @csrf_exempt

@@ -138,7 +138,7 @@ def limits_json(obj) -> dict[str, int | None]:
 
 def usage_text(found: dict) -> str:
     """A usage (``tenant_usage.usage``) in one cell: ``RPM 3/10, TPM 200/1,000``; requests
-    at once that only the web process knows are ``—``; no limits: ``nothing counted`` (a
+    at once that only the web process knows are ``—``; no limits: ``no limits`` (a
     blank cell read as "not measured yet")."""
     parts = []
     for name, entry in found["limits"].items():
@@ -147,7 +147,7 @@ def usage_text(found: dict) -> str:
     for model, budgets in found["model_budgets"].items():
         for name, entry in budgets.items():
             parts.append(f"{model} {tenant_usage.SHORT_NAMES[name]} {entry['used']:,}/{entry['limit']:,}")
-    return ", ".join(parts) or "nothing counted"
+    return ", ".join(parts) or "no limits"
 
 
 def usage_caption(found: list[dict]) -> str:

@@ -14,13 +14,13 @@ HELP = ("Stop the cluster: every replica drains and stops, /v1/ answers 503 syst
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--by", default=None, help="who is stopping it (default: your user name)")
+    parser.add_argument("--by", default=None, help="who is stopping it (default: your user name, marked (CLI))")
     parser.add_argument("--wait", action="store_true", help="wait until every engine has stopped")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="how long --wait waits")
 
 
 def run(options, stdout, stderr) -> int:
-    by = options["by"] or getpass.getuser()
+    by = options["by"] or f"{getpass.getuser()} (CLI)"  # as start, restart and agents name the CLI
     changed = stop_cluster(by)
     if changed:
         stdout.write(f"cluster stopped (by {by}); engines drain and stop; /v1/ answers 503 system_stopped\n")

@@ -20,3 +20,22 @@ def test_v1_models_under_the_test_client_sees_the_tests_rows_and_keeps_its_trans
     assert r.status_code == 200, r.content
     assert [m["id"] for m in r.json()["data"]] == ["listed"]
     assert Model.objects.filter(name="listed").exists()  # the test's transaction is still there
+
+
+def test_a_check_that_fails_never_skips_the_work_it_precedes(monkeypatch):
+    """The check only tidies up: a connection that cannot even be checked (closing a broken
+    one raised; pytest-django refusing database access in a test without the mark) must not
+    stop the question after it — in the full suite it once swallowed the model's want."""
+    from django.db import connections
+
+    from gateway.database import checked
+
+    class Unclosable:
+        alias = "broken"
+        in_atomic_block = False
+
+        def close_if_unusable_or_obsolete(self):
+            raise RuntimeError("cannot check")
+
+    monkeypatch.setattr(connections, "all", lambda initialized_only=False: [Unclosable()])
+    assert checked(lambda x: x + 1)(1) == 2

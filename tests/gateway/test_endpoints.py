@@ -147,6 +147,7 @@ def test_an_unknown_path_is_a_404_before_the_key_is_checked(servers, models):
     before = servers["upstream"].count()
     r = post(servers, "/v1/../admin/", {"model": "rep"}, None)
     assert r.status_code == 404 and r.body["error"]["code"] == "unknown_url"
+    assert "POST /v1/chat/completions, /v1/completions," in r.body["error"]["message"]  # each path whole
     assert servers["upstream"].since(before) == []
 
 

@@ -322,6 +322,35 @@ def test_a_prompt_over_the_context_is_a_400_before_the_engine(servers, models, k
                 key).status_code == 200
 
 
+def test_a_refused_prompt_costs_its_key_nothing(servers, models, key):
+    """A prompt the gateway refused as over the context was recorded with its counted tokens,
+    so its key's budget (summed from usage records), /metrics and the admin charged a request
+    that never ran: four refused 1.4M-token prompts spent a 5M daily budget."""
+    r = post(servers, "/v1/completions", {"model": "llama", "prompt": " ".join(["word"] * 600), "max_tokens": 2,
+                                          "user": "refused-costs-nothing"}, key)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    wait_until(lambda: UsageRecord.objects.filter(model_name="llama", status=400).exists(), timeout_s=10,
+               what="the refused request's usage record")
+    assert {(row.prompt_tokens, row.completion_tokens) for row in UsageRecord.objects.filter(
+        model_name="llama", status=400)} == {(None, None)}
+
+
+def test_a_prompt_longer_than_any_tokenizer_could_fit_is_refused_without_the_tokenizer(servers, models, key):
+    """Megabytes of prompt kept the engine's tokenizer (and so the replica) busy for tens of
+    seconds before the 400; a second one waiting behind it timed out, went uncounted to the
+    engine and came back a 502. Past context × 128 bytes no tokenizer is asked: one word of
+    70,000 letters (one token to the fake engine's word count) is refused at once."""
+    tokenized = len(records(servers, "llama", "tokenize"))
+    for path, body in (("/v1/completions", {"prompt": "x" * 70_000}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "é" * 35_000}]})):
+        r = post(servers, path, {"model": "llama", "max_tokens": 2, **body}, key)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "context_length_exceeded", r.text
+        assert "512 tokens" in error["message"] and "70,000 bytes" in error["message"]
+        assert error["param"] == ("prompt" if path == "/v1/completions" else "messages")
+    assert len(records(servers, "llama", "tokenize")) == tokenized
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_engine_that_ends_its_stream_before_any_event_is_asked_why(oai, servers, models, stream):
     """llama-cpp-python starts a stream, then raises (a prompt over its context it did not

@@ -21,6 +21,7 @@ from fleet.models import Agent, ModelState, Replica
 from fleet.ops.operations import start_cluster, stop_cluster
 from fleet.control.reconciler import reconcile
 from tests.cli import llmgw
+from tests.processes import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -249,9 +250,10 @@ def test_llmgw_web_on_a_public_address_needs_allowed_hosts_and_starts_nothing(mo
     execs = []
     monkeypatch.setattr(web.os, "execve", lambda *a: execs.append(a))
     err = io.StringIO()
-    assert web.run({"host": "0.0.0.0", "port": 8000}, io.StringIO(), err) == 2
+    port = free_port()  # not 8000: a web process may be listening there on this machine
+    assert web.run({"host": "0.0.0.0", "port": port}, io.StringIO(), err) == 2
     assert "LLMGW_ALLOWED_HOSTS" in err.getvalue() and execs == []
-    assert web.run({"host": "127.0.0.1", "port": 8000}, io.StringIO(), io.StringIO()) == 1
+    assert web.run({"host": "127.0.0.1", "port": port, "workers": "1"}, io.StringIO(), io.StringIO()) == 1
     (path, argv, env), = execs
     assert "--limit-concurrency" in argv and "llmgw.http:HeaderTimeoutProtocol" in argv and "127.0.0.1" in argv
 
