@@ -1277,7 +1277,7 @@ def split_cores(gateway_core: int) -> tuple[set[int], list[str]]:
 
 
 def load_results(data: dict) -> list[Result]:
-    """The results of a run saved with ``--json`` (:func:`as_json`), as :class:`Result`\ s."""
+    """The results of a run saved with ``--json`` (:func:`as_json`), as :class:`Result` objects."""
     def num(v):
         return float("nan") if v is None else v
 
