@@ -26,7 +26,7 @@ What runs (each a real process; all stopped at the end, also on error, Ctrl-C or
   ``taskset`` (the load generator then shares cores with it: see the note it prints): a
   column ``uvicorn-wN`` beside the one-worker columns;
 * "as shipped": the gateway exactly as ``llmgw up`` starts its web process
-  (``llmgw.cli.up.web_argv``: uvicorn with its access log, header timeouts, connection
+  (``llmgw.cli.web_processes.web_argv``: uvicorn with its access log, header timeouts, connection
   limits and lifespan; ``llmgw up``'s environment, which the bench's already is), pinned the
   same way, for the one-client-at-a-time goals: ``--stall-requests`` (10,000) sequential
   requests. The worker and the agent ``llmgw up`` also runs are not started (no real
@@ -325,7 +325,7 @@ def start_engine(port: int, cores: set[int], tmp: Path, tokens: int, api_key: st
 
 def gateway_argv(server: str, port: int, workers: int = 1, granian: list[str] | None = None) -> list[str]:
     """The command line of the gateway under ``server`` (uvicorn, daphne, granian or
-    ``as-shipped``: ``llmgw up``'s own, ``llmgw.cli.up.web_argv``) on 127.0.0.1:``port``;
+    ``as-shipped``: ``llmgw up``'s own, ``llmgw.cli.web_processes.web_argv``) on 127.0.0.1:``port``;
     ``workers`` > 1: uvicorn's ``--workers``; ``granian``: how to start granian (an
     interpreter and ``-m granian``)."""
     if server == "daphne":
@@ -335,7 +335,7 @@ def gateway_argv(server: str, port: int, workers: int = 1, granian: list[str] | 
                 "--port", str(port), "--workers", "1", "--runtime-threads", "1", "--loop", "uvloop",
                 "--no-access-log", "--log-level", "warning", "llmgw.asgi:application"]
     if server == AS_SHIPPED:
-        from llmgw.cli.up import web_argv
+        from llmgw.cli.web_processes import web_argv
 
         return web_argv("127.0.0.1", port)
     argv = [PYTHON, "-m", "uvicorn", "llmgw.asgi:application", "--host", "127.0.0.1", "--port", str(port),
@@ -1386,7 +1386,7 @@ def main(argv=None) -> int:
             run_gateway("uvicorn", f"uvicorn-w{args.workers}", cores, workers=args.workers)
         if args.as_shipped == "on":
             run_gateway(AS_SHIPPED, AS_SHIPPED, {gateway_core}, kind=AS_SHIPPED)
-            notes.append(f"{AS_SHIPPED}: llmgw.cli.up.web_argv's uvicorn (access log on, as `llmgw up`), its "
+            notes.append(f"{AS_SHIPPED}: llmgw.cli.web_processes.web_argv's uvicorn (access log on, as `llmgw up`), its "
                          "output to a file here (`llmgw up` reads it through a pipe); no worker or agent process "
                          "runs beside it (the bench makes their rows)")
 

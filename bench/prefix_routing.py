@@ -6,7 +6,7 @@
 
 What runs (each a real process; all stopped at the end, also on error, Ctrl-C or SIGTERM), as
 ``bench/cold_start.py`` does: a fresh SQLite database in a temp dir, the web process as ``llmgw
-up`` starts it (uvicorn, ``llmgw.cli.up.web_argv``), ``llmgw worker`` and one ``llmgw agent``
+up`` starts it (uvicorn, ``llmgw.cli.web_processes.web_argv``), ``llmgw worker`` and one ``llmgw agent``
 (engine ports from ``--port-base``), with ``tests/cluster.py``'s fast intervals and keys on. One
 model, ``prefix-bench``, min = max = 2 replicas, is placed by the reconciler and started by the
 agent on a profile made here:
@@ -315,7 +315,7 @@ def create_rows(args, command: str):
 def start_cluster(tmp: Path, procs: list[Proc], args) -> str:
     """The web process, a worker and an agent (appended to ``procs``); returns the URL."""
     from fleet.models import Agent
-    from llmgw.cli.up import web_argv
+    from llmgw.cli.web_processes import web_argv
 
     agent_row, token = Agent.create_with_token("bench")
     port = free_port()

@@ -8,7 +8,7 @@ What runs (each a real process; all stopped at the end, also on error, Ctrl-C or
 as ``bench/gateway.py`` — a fresh SQLite database in a temp dir, the catalog rows made
 in-process (a custom Profile, an Agent kept "heard from" by a heartbeat thread here, ready
 Replicas on fake engines, API keys), the gateway as ``llmgw up`` runs it (uvicorn,
-``llmgw.cli.up.web_argv``, access log off) pinned to ``--gateway-core``, the load generator
+``llmgw.cli.web_processes.web_argv``, access log off) pinned to ``--gateway-core``, the load generator
 (this process, asyncio on uvloop, aiohttp) and the engines on the other core(s) — and:
 
 * ``bench-slow``: ``tests/fake_engine.py`` (on uvloop) answering a request's ``max_tokens``
@@ -144,7 +144,7 @@ def start_redis(port: int, cores: set[int], tmp: Path) -> Proc:
 
 def start_web(label: str, port: int, core: int, tmp: Path, env: dict[str, str]) -> Proc:
     """The gateway as ``llmgw up`` starts it (uvicorn, no access log), pinned to ``core``."""
-    from llmgw.cli.up import web_argv
+    from llmgw.cli.web_processes import web_argv
 
     proc = Proc([*taskset({core}), *web_argv("127.0.0.1", port, access_log=False)], tmp / f"gateway-{label}.log",
                 env={"DJANGO_SETTINGS_MODULE": "llmgw.settings", **env})

@@ -109,7 +109,7 @@ def fake_engine(port: int, log_dir: Path, *args: str, name: str = "fake-model", 
 
 def web_server(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
     """The control plane's web process, started as ``llmgw up`` starts it (uvicorn)."""
-    from llmgw.cli.up import web_argv
+    from llmgw.cli.web_processes import web_argv
 
     proc = Proc(web_argv("127.0.0.1", port, access_log=False),
                 log_dir / f"web-{port}.log", env={"DJANGO_SETTINGS_MODULE": "llmgw.settings", **(env or {})})

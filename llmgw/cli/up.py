@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import ipaddress
 import json
-import math
 import os
 import secrets
 import signal
@@ -43,9 +41,9 @@ from fleet.models import Agent
 from gateway.models import ApiKey
 from llmgw import tokens
 import llmgw.cli.gateway_url as gateway_url
-from llmgw.cli import web_processes
+import llmgw.cli.web_processes as web_processes
+from llmgw.cli.web_processes import can_listen, check_exposure, say, web_argv
 from llmgw.datadir import write_private
-from fleet import protocol
 
 HELP = "Run the whole cluster on this machine (web + worker + agent) with a demo model."
 
@@ -63,41 +61,6 @@ def add_arguments(parser) -> None:
     web_processes.add_workers_argument(parser)
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
                         help="how long to wait for the demo model before printing a warning")
-
-
-def web_argv(host: str, port: int, access_log: bool = True, max_connections: int | None = None,
-             backlog: int | None = None, keep_alive_s: float | None = None, workers: int = 1) -> list[str]:
-    """The control plane's web process: uvicorn with uvloop and httptools, chosen over
-    daphne by bench/gateway.py (about 0.7 vs 1.2 ms of CPU per /v1/ request on one core).
-    Websockets (the agents) run on the `websockets` library; the lifespan shutdown
-    flushes usage (``llmgw.asgi``).
-
-    Bounded (docs/architecture.md, "Gateway rules": connections are bounded before work): at
-    most ``max_connections`` connections (``LLMGW_MAX_CONNECTIONS``; uvicorn answers 503 beyond
-    it; websockets and held requests count), a listen queue of ``backlog`` (``LLMGW_BACKLOG``),
-    idle keep-alive connections closed after ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``,
-    rounded up to whole seconds), and request heads that must be complete within
-    ``LLMGW_HEADER_TIMEOUT`` (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web
-    process).
-
-    ``workers``: web processes accepting on the one listening socket (uvicorn's
-    ``--workers``, always given, so uvicorn's own ``WEB_CONCURRENCY`` never decides); the
-    connection limit holds per process. More than one needs the environment that
-    :func:`llmgw.cli.web_processes.prepare_metrics_env` makes and production mode
-    (:func:`llmgw.cli.web_processes.resolve_workers`)."""
-    max_connections = settings.LLMGW_MAX_CONNECTIONS if max_connections is None else max_connections
-    backlog = settings.LLMGW_BACKLOG if backlog is None else backlog
-    keep_alive_s = settings.LLMGW_KEEP_ALIVE_TIMEOUT_S if keep_alive_s is None else keep_alive_s
-    argv = [sys.executable, "-m", "uvicorn", "llmgw.asgi:application", "--host", host, "--port", str(port),
-            "--loop", "uvloop", "--http", "llmgw.http:HeaderTimeoutProtocol", "--ws", "websockets-sansio",
-            "--lifespan", "on", "--timeout-graceful-shutdown", "5",
-            "--limit-concurrency", str(max_connections), "--backlog", str(backlog),
-            "--timeout-keep-alive", str(max(1, math.ceil(keep_alive_s))), "--workers", str(workers)]
-    if workers > 1:
-        # The supervisor pings each worker (a thread in it); a loaded machine must not get
-        # a busy worker killed as hung.
-        argv += ["--timeout-worker-healthcheck", "30"]
-    return argv if access_log else argv + ["--no-access-log"]
 
 
 def seed_demo() -> None:
@@ -390,69 +353,6 @@ def manage_cmd(command: str) -> str:
     if Path(settings.DATA_DIR).resolve() != (Path(settings.BASE_DIR) / "var").resolve():
         prefix = f"LLMGW_DATA_DIR={settings.DATA_DIR} "  # another shell would use the default
     return f"{prefix}{python} manage.py llmgw {command}"
-
-
-def can_listen(host: str, port: int) -> bool:
-    """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
-    IPv6 too); a host that is not this machine's counts as taken, as before."""
-    try:
-        return protocol.port_free(host, port)
-    except OSError:
-        return False
-
-
-def say(stream, text: str) -> None:
-    """Write and flush, ignoring a closed pipe (``up | head``, a terminal gone): stopping
-    the children must not depend on being able to tell anyone."""
-    try:
-        stream.write(text)
-        stream.flush()
-    except (BrokenPipeError, OSError, ValueError):
-        pass
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` keeps the server on this machine (``localhost``,
-    ``127.0.0.0/8``, ``::1``); ``0.0.0.0``, ``::`` and every other address expose it."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, stdout, stderr) -> int:
-    """The safe defaults of a server others can reach (docs/architecture.md, "Security":
-    exposure). On a non-loopback ``host``: warn; refuse (returns 2) without
-    ``LLMGW_ALLOWED_HOSTS``; unless ``LLMGW_METRICS_TOKEN`` or ``LLMGW_METRICS_PUBLIC=1`` is
-    set, protect /metrics with a token generated once into the data directory (the web process
-    reads it from there) and say how Prometheus sends it. Returns 0 to go on."""
-    if is_loopback(host):
-        kept = Path(settings.LLMGW_METRICS_TOKEN_FILE)
-        if not settings.LLMGW_METRICS_PUBLIC and not os.environ.get("LLMGW_METRICS_TOKEN") and kept.exists():
-            say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {kept}> (kept from an "
-                        "exposed run; delete the file or set LLMGW_METRICS_PUBLIC=1 to make it public)\n")
-        return 0
-    if not settings.LLMGW_ALLOWED_HOSTS:
-        stderr.write(
-            f"llmgw up: --host {host} makes this server reachable from other machines, so it needs "
-            "LLMGW_ALLOWED_HOSTS: the names or addresses clients use to reach it, comma separated "
-            "(e.g. LLMGW_ALLOWED_HOSTS=cp.example.com,10.0.0.2). Nothing was started.\n")
-        return 2
-    say(stdout, f"llmgw up: WARNING: listening on {host}: every machine that can reach it can try the admin "
-                "login, /api/ and /v1/ (with a key). Put a TLS terminator in front (then set LLMGW_BEHIND_TLS=1) "
-                "and a firewall around the engines' ports (README, Security).\n")
-    if settings.LLMGW_METRICS_PUBLIC:
-        say(stdout, "llmgw up: /metrics is public (LLMGW_METRICS_PUBLIC=1)\n")
-    elif not os.environ.get("LLMGW_METRICS_TOKEN"):
-        path = Path(settings.LLMGW_METRICS_TOKEN_FILE)
-        if not path.exists() or not path.read_text().strip():
-            write_private(path, secrets.token_urlsafe(32))
-        say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {path}>; in Prometheus' "
-                    "scrape config: authorization: {type: Bearer, credentials_file: <a copy of that file>} "
-                    "(LLMGW_METRICS_PUBLIC=1 makes it public)\n")
-    return 0
 
 
 def run(options, stdout, stderr) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import llmgw.cli.gateway_url as gateway_url
-from llmgw.cli import web_processes
-from llmgw.cli.up import can_listen, check_exposure, web_argv
+import llmgw.cli.web_processes as web_processes
+from llmgw.cli.web_processes import can_listen, check_exposure, web_argv
 
 HELP = ("Run the control plane's web process (admin, API, gateway, agent websocket) in the foreground, "
         "as `llmgw up` runs it: bounded connections, header and body deadlines; --workers N processes share "

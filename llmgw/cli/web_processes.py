@@ -1,4 +1,6 @@
-"""How many web processes ``llmgw up`` and ``llmgw web`` run on this machine (``--workers``,
+"""The web processes ``llmgw up`` and ``llmgw web`` run on this machine, owned here for
+both: their uvicorn command line (:func:`web_argv`), the address checks before it
+(:func:`can_listen`, :func:`check_exposure`), how many (``--workers``,
 ``LLMGW_WEB_WORKERS``), and what several of them need: Prometheus' multiprocess directory.
 
 Several web processes are uvicorn's ``--workers``: one listening socket, N processes
@@ -19,12 +21,19 @@ line that says why; production mode runs one per core by default.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import secrets
 import shutil
+import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from django.conf import settings
+
+from fleet import protocol
+from llmgw.datadir import write_private
 
 #: ``--workers``' default and the value that asks for it: one process per core in production
 #: mode, one in embedded mode.
@@ -93,8 +102,6 @@ def listened_on_anywhere(port: int) -> bool:
     """Whether any address of this machine listens on ``port`` (IPv4 or IPv6): the metrics
     directory is per port, so several web processes must not start on a port another
     server uses on another address (they would empty, then share, its directory)."""
-    from fleet import protocol
-
     for wildcard in ("0.0.0.0", "::"):
         try:
             if not protocol.port_free(wildcard, port):
@@ -124,3 +131,101 @@ def prepare_metrics_env(env: MutableMapping[str, str], workers: int, port: int) 
     path.mkdir(parents=True, mode=0o700)
     env[MULTIPROC_ENV] = str(path)
     return env
+
+
+def web_argv(host: str, port: int, access_log: bool = True, max_connections: int | None = None,
+             backlog: int | None = None, keep_alive_s: float | None = None, workers: int = 1) -> list[str]:
+    """The control plane's web process: uvicorn with uvloop and httptools, chosen over
+    daphne by bench/gateway.py (about 0.7 vs 1.2 ms of CPU per /v1/ request on one core).
+    Websockets (the agents) run on the `websockets` library; the lifespan shutdown
+    flushes usage (``llmgw.asgi``).
+
+    Bounded (docs/architecture.md, "Gateway rules": connections are bounded before work): at
+    most ``max_connections`` connections (``LLMGW_MAX_CONNECTIONS``; uvicorn answers 503 beyond
+    it; websockets and held requests count), a listen queue of ``backlog`` (``LLMGW_BACKLOG``),
+    idle keep-alive connections closed after ``keep_alive_s`` (``LLMGW_KEEP_ALIVE_TIMEOUT``,
+    rounded up to whole seconds), and request heads that must be complete within
+    ``LLMGW_HEADER_TIMEOUT`` (``llmgw.http.HeaderTimeoutProtocol``, which reads it in the web
+    process).
+
+    ``workers``: web processes accepting on the one listening socket (uvicorn's
+    ``--workers``, always given, so uvicorn's own ``WEB_CONCURRENCY`` never decides); the
+    connection limit holds per process. More than one needs the environment that
+    :func:`llmgw.cli.web_processes.prepare_metrics_env` makes and production mode
+    (:func:`llmgw.cli.web_processes.resolve_workers`)."""
+    max_connections = settings.LLMGW_MAX_CONNECTIONS if max_connections is None else max_connections
+    backlog = settings.LLMGW_BACKLOG if backlog is None else backlog
+    keep_alive_s = settings.LLMGW_KEEP_ALIVE_TIMEOUT_S if keep_alive_s is None else keep_alive_s
+    argv = [sys.executable, "-m", "uvicorn", "llmgw.asgi:application", "--host", host, "--port", str(port),
+            "--loop", "uvloop", "--http", "llmgw.http:HeaderTimeoutProtocol", "--ws", "websockets-sansio",
+            "--lifespan", "on", "--timeout-graceful-shutdown", "5",
+            "--limit-concurrency", str(max_connections), "--backlog", str(backlog),
+            "--timeout-keep-alive", str(max(1, math.ceil(keep_alive_s))), "--workers", str(workers)]
+    if workers > 1:
+        # The supervisor pings each worker (a thread in it); a loaded machine must not get
+        # a busy worker killed as hung.
+        argv += ["--timeout-worker-healthcheck", "30"]
+    return argv if access_log else argv + ["--no-access-log"]
+
+
+def can_listen(host: str, port: int) -> bool:
+    """Whether ``llmgw up`` could listen on ``host:port`` (:func:`fleet.protocol.port_free`,
+    IPv6 too); a host that is not this machine's counts as taken, as before."""
+    try:
+        return protocol.port_free(host, port)
+    except OSError:
+        return False
+
+
+def say(stream, text: str) -> None:
+    """Write and flush, ignoring a closed pipe (``up | head``, a terminal gone): stopping
+    the children must not depend on being able to tell anyone."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps the server on this machine (``localhost``,
+    ``127.0.0.0/8``, ``::1``); ``0.0.0.0``, ``::`` and every other address expose it."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, stdout, stderr) -> int:
+    """The safe defaults of a server others can reach (docs/architecture.md, "Security":
+    exposure). On a non-loopback ``host``: warn; refuse (returns 2) without
+    ``LLMGW_ALLOWED_HOSTS``; unless ``LLMGW_METRICS_TOKEN`` or ``LLMGW_METRICS_PUBLIC=1`` is
+    set, protect /metrics with a token generated once into the data directory (the web process
+    reads it from there) and say how Prometheus sends it. Returns 0 to go on."""
+    if is_loopback(host):
+        kept = Path(settings.LLMGW_METRICS_TOKEN_FILE)
+        if not settings.LLMGW_METRICS_PUBLIC and not os.environ.get("LLMGW_METRICS_TOKEN") and kept.exists():
+            say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {kept}> (kept from an "
+                        "exposed run; delete the file or set LLMGW_METRICS_PUBLIC=1 to make it public)\n")
+        return 0
+    if not settings.LLMGW_ALLOWED_HOSTS:
+        stderr.write(
+            f"llmgw up: --host {host} makes this server reachable from other machines, so it needs "
+            "LLMGW_ALLOWED_HOSTS: the names or addresses clients use to reach it, comma separated "
+            "(e.g. LLMGW_ALLOWED_HOSTS=cp.example.com,10.0.0.2). Nothing was started.\n")
+        return 2
+    say(stdout, f"llmgw up: WARNING: listening on {host}: every machine that can reach it can try the admin "
+                "login, /api/ and /v1/ (with a key). Put a TLS terminator in front (then set LLMGW_BEHIND_TLS=1) "
+                "and a firewall around the engines' ports (README, Security).\n")
+    if settings.LLMGW_METRICS_PUBLIC:
+        say(stdout, "llmgw up: /metrics is public (LLMGW_METRICS_PUBLIC=1)\n")
+    elif not os.environ.get("LLMGW_METRICS_TOKEN"):
+        path = Path(settings.LLMGW_METRICS_TOKEN_FILE)
+        if not path.exists() or not path.read_text().strip():
+            write_private(path, secrets.token_urlsafe(32))
+        say(stdout, f"llmgw up: /metrics needs Authorization: Bearer <the token in {path}>; in Prometheus' "
+                    "scrape config: authorization: {type: Bearer, credentials_file: <a copy of that file>} "
+                    "(LLMGW_METRICS_PUBLIC=1 makes it public)\n")
+    return 0

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from gateway.models import ApiKey
-from llmgw.cli.up import web_argv
+from llmgw.cli.web_processes import web_argv
 from tests.processes import Proc, free_port, wait_for_port, wait_until, web_server
 from tests.replicas import serve
 from tests.upstream import RecordingUpstream

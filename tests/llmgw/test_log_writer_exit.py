@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from llmgw.cli.up import web_argv
+from llmgw.cli.web_processes import web_argv
 from tests.processes import ROOT, free_port, wait_for_port
 
 REQUESTS = 1500  # about 120 KB of access lines: more than a pipe holds (64 KiB) while no one reads it

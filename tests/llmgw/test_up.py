@@ -133,7 +133,7 @@ def test_up_on_an_exposed_address_without_allowed_hosts_exits_2_and_starts_nothi
 def test_exposed_up_warns_and_protects_metrics_with_a_generated_token(tmp_path, settings, capsys):
     import io
 
-    from llmgw.cli.up import check_exposure
+    from llmgw.cli.web_processes import check_exposure
 
     out, err = io.StringIO(), io.StringIO()
     assert check_exposure("127.0.0.1", out, err) == 0 and out.getvalue() == "" == err.getvalue()

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from llmgw.cli import web_processes
-from llmgw.cli.up import web_argv
+from llmgw.cli.web_processes import web_argv
 import socket
 
 from tests.processes import PYTHON, ROOT, free_port
