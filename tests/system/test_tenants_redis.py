@@ -102,6 +102,9 @@ def test_redis_stopped_mid_run_follows_the_cluster_setting_and_is_logged_once(cl
         answers = [post(base, key) for _ in range(10)]
         assert [a.status_code for a in answers] == [200] * 10, [a.text for a in answers]
         assert not [h for h in answers[-1].headers if h.startswith("x-ratelimit")]
+        # Log lines are written by the web process's log thread: a moment after the answers.
+        wait_until(lambda: "Redis unreachable for the rate-limit counters" in web.log(), timeout_s=30,
+                   what="the outage to be logged")
         assert web.log().count("Redis unreachable for the rate-limit counters") == 1
         # closed: refused with 503 until Redis is back.
         ClusterSettings.objects.update_or_create(pk=1, defaults={"rate_limits_without_redis": "closed"})
@@ -113,5 +116,7 @@ def test_redis_stopped_mid_run_follows_the_cluster_setting_and_is_logged_once(cl
         redis_server.start()
     answer = wait_until(lambda: (r := post(base, key)).status_code == 200 and r, timeout_s=30)
     assert "x-ratelimit-remaining-requests" in answer.headers
-    assert "Redis is back for the rate-limit counters" in web.log()
+    wait_until(lambda: "Redis is back for the rate-limit counters" in web.log(), timeout_s=30,
+               what="the recovery to be logged")
+    assert web.log().count("Redis unreachable for the rate-limit counters") == 1  # logged once for the outage
     ClusterSettings.objects.update_or_create(pk=1, defaults={"rate_limits_without_redis": "open"})
