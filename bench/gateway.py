@@ -143,6 +143,7 @@ STALL_REQUESTS = 10_000
 SERVERS = ("uvicorn", "daphne", "granian")
 CHOSEN = "uvicorn"  # what `llmgw up` runs: its goals decide
 AS_SHIPPED = "as-shipped"
+FLOOR = "floor"  # bench/_floor_proxy.py: uvicorn + aiohttp and nothing of llmgw
 SCENARIOS = ("external", "on-demand")
 HEARTBEAT_S = 3.0
 LATENCY_MIN_REQUESTS = 500
@@ -334,6 +335,10 @@ def gateway_argv(server: str, port: int, workers: int = 1, granian: list[str] | 
         return [*(granian or [PYTHON, "-m", "granian"]), "--interface", "asgi", "--host", "127.0.0.1",
                 "--port", str(port), "--workers", "1", "--runtime-threads", "1", "--loop", "uvloop",
                 "--no-access-log", "--log-level", "warning", "llmgw.asgi:application"]
+    if server == FLOOR:
+        argv = [PYTHON, "-m", "uvicorn", "bench._floor_proxy:app", "--host", "127.0.0.1", "--port", str(port),
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+        return argv + (["--workers", str(workers)] if workers > 1 else [])
     if server == AS_SHIPPED:
         from llmgw.cli.web_processes import web_argv
 
@@ -344,11 +349,15 @@ def gateway_argv(server: str, port: int, workers: int = 1, granian: list[str] | 
 
 
 def start_gateway(server: str, port: int, cores: set[int], tmp: Path, workers: int = 1,
-                  granian: tuple[list[str], dict[str, str]] | None = None, name: str | None = None) -> Proc:
+                  granian: tuple[list[str], dict[str, str]] | None = None, name: str | None = None,
+                  floor_upstream: str = "") -> Proc:
     """The gateway (:func:`gateway_argv`) pinned to ``cores``, its output in the temp dir;
-    ``granian``: (command, environment) from :func:`find_granian`."""
+    ``granian``: (command, environment) from :func:`find_granian`; ``floor_upstream``: the
+    engine's base URL, for :data:`FLOOR`."""
     argv = gateway_argv(server, port, workers, granian[0] if granian else None)
     env = granian[1] if granian and server == "granian" else None
+    if server == FLOOR:
+        env = {"LLMGW_FLOOR_UPSTREAM": floor_upstream}
     proc = Proc([*taskset(cores), *argv], tmp / f"gateway-{name or server}.log", env=env)
     wait_for_port(port, timeout_s=60, proc=proc.proc)
     return proc
@@ -478,7 +487,7 @@ class Stalls:
 @dataclass
 class Result:
     name: str
-    kind: str = "llmgw"  # "direct", "llmgw", "as-shipped" or "litellm"
+    kind: str = "llmgw"  # "direct", "llmgw", "as-shipped", "floor" or "litellm"
     workers: int = 1
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
@@ -978,6 +987,48 @@ def evaluate_goals(results: list[Result]) -> list[Goal]:
                                   f"{s.rps:,.0f} vs {b.rps:,.0f}/s ({fmt_ratio(s.rps, b.rps)})", "reported", None))
             else:
                 goals.append(Goal(r.name, name, "not measured", f"<= {1 + GOAL_WITHIN:.2f}x", None))
+    floor = next((r for r in results if r.kind == FLOOR and r.workers == 1), None)
+    if floor is not None:
+        goals += _floor_goals(floor, one_worker.get(CHOSEN), direct)
+        for r in results:
+            if r.kind == FLOOR and r.workers > 1:
+                b, s = floor.step(GOAL_RPS_AT, False), r.step(GOAL_RPS_AT, False)
+                figure = (f"{s.cpu_ms:.3f} vs {b.cpu_ms:.3f} ms ({s.cpu_ms / b.cpu_ms:.2f}x)"
+                          if b and s and b.cpu_ms and s.cpu_ms else "not measured")
+                goals.append(Goal(r.name, f"stack alone: CPU per request, {r.workers} workers vs 1, JSON @{GOAL_RPS_AT}",
+                                  figure, "reported", None))
+    return goals
+
+
+def _cpu_pair(r: Result) -> tuple[float | None, float | None]:
+    """CPU ms per request at :data:`GOAL_RPS_AT` clients, (JSON, streamed); None: not read."""
+    return tuple(s.cpu_ms if (s := r.step(GOAL_RPS_AT, stream)) else None for stream in (False, True))
+
+
+def _floor_goals(floor: Result, chosen: Result | None, direct: Result) -> list[Goal]:
+    """What the stack costs by itself (:data:`FLOOR`, reported, never judged: it is not
+    llmgw) and what llmgw costs above it, per request at :data:`GOAL_RPS_AT` clients and
+    one client at a time; the goal a floor already exceeds cannot be met on this stack."""
+    def pair(values) -> str:
+        return " / ".join("-" if v is None else f"{v:.3f}" for v in values) + " ms"
+
+    cpus = _cpu_pair(floor)
+    over = [mode for mode, c in zip(("JSON", "streamed"), cpus) if c is not None and c > GOAL_CPU_MS]
+    verdict = (f"; over the {GOAL_CPU_MS:g} ms goal by itself ({', '.join(over)})" if over else
+               f"; within the {GOAL_CPU_MS:g} ms goal by itself")
+    goals = [Goal(floor.name, f"stack alone: CPU per request @{GOAL_RPS_AT} (JSON / streamed)",
+                  pair(cpus) + (verdict if any(c is not None for c in cpus) else ""), "reported", None),
+             Goal(floor.name, "stack alone: added p50 / p99, one client",
+                  f"{floor.p50_ms - direct.p50_ms:+.3f} / {floor.p99_ms - direct.p99_ms:+.3f} ms", "reported", None)]
+    if chosen is not None:
+        mine = _cpu_pair(chosen)
+        above = [None if a is None or b is None else a - b for a, b in zip(mine, cpus)]
+        goals.append(Goal(chosen.name, f"CPU above the stack's floor @{GOAL_RPS_AT} (JSON / streamed)",
+                          " / ".join("-" if v is None else f"{v:+.3f}" for v in above)
+                          + f" ms (llmgw {pair(mine)}, floor {pair(cpus)})", "reported", None))
+        goals.append(Goal(chosen.name, "added p50 / p99 above the stack's floor, one client",
+                          f"{chosen.p50_ms - floor.p50_ms:+.3f} / {chosen.p99_ms - floor.p99_ms:+.3f} ms",
+                          "reported", None))
     return goals
 
 
@@ -1146,6 +1197,8 @@ def render_markdown(results: list[Result], notes: list[str] | None = None) -> st
         return f"{w.rps:,.0f} ({w.p50_ms:.2f} / {w.p99_ms:.2f} ms)"
 
     def name(r: Result) -> str:
+        if r.kind == FLOOR:
+            return "floor: uvicorn + aiohttp, no llmgw" + (f", {r.workers} workers" if r.workers > 1 else "")
         label = f"uvicorn, {r.workers} workers" if r.workers > 1 else r.name
         return f"{label} (chosen)" if r.name == CHOSEN else label
 
@@ -1197,6 +1250,8 @@ def parse_args(argv=None):
                    help="the stalls phase against the gateway as `llmgw up` runs it (default on)")
     p.add_argument("--stall-requests", type=int, default=STALL_REQUESTS,
                    help=f"sequential requests of the as-shipped phase (default {STALL_REQUESTS:,})")
+    p.add_argument("--floor", choices=["on", "off"], default="on",
+                   help="also the stack's floor: bench/_floor_proxy.py, a bare uvicorn + aiohttp proxy (default on)")
     p.add_argument("--scenarios", choices=["on", "off"], default="on",
                    help="the external and held-then-served (on-demand) scenarios (default on)")
     p.add_argument("--duration-s", type=float, default=None, help="length of each req/s step (default 5; --quick 2)")
@@ -1350,9 +1405,12 @@ def main(argv=None) -> int:
             on_demand_name = f"{ON_DEMAND_MODEL}-{name}"
             on_demand_id = create_on_demand(on_demand_name) if scenarios else 0
             say(f"[{name}] starting the gateway on cores {sorted(cores)}")
-            proc = start_gateway(server, port, cores, tmp, workers, granian, name)
+            proc = start_gateway(server, port, cores, tmp, workers, granian, name,
+                                 floor_upstream=f"http://127.0.0.1:{engine_port}")
             procs.append(proc)
-            target = Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", key, proc.pid)
+            # The floor forwards the client's Authorization as it is: it is sent the engine's key.
+            target = Target(name, f"http://127.0.0.1:{port}/v1/chat/completions",
+                            engine_key if kind == FLOOR else key, proc.pid)
             wait_routed(target, body[False])
             result = Result(name, kind=kind, workers=workers)
             if kind == AS_SHIPPED:
@@ -1377,6 +1435,10 @@ def main(argv=None) -> int:
             if server == "granian" and granian is None:
                 continue
             run_gateway(server, server, {gateway_core}, scenarios=args.scenarios == "on")
+        if args.floor == "on":
+            run_gateway(FLOOR, FLOOR, {gateway_core}, kind=FLOOR)
+            notes.append(f"{FLOOR}: bench/_floor_proxy.py under the same uvicorn, one shared aiohttp session, no "
+                         "framework and none of llmgw's work: what this stack costs by itself")
         if args.workers > 1:
             cores = set(range(args.workers))
             if cores & load_cores:
@@ -1384,6 +1446,8 @@ def main(argv=None) -> int:
                              f"{sorted(load_cores)}: its req/s are low by what the load generator takes; its CPU "
                              "per request is the figure to compare")
             run_gateway("uvicorn", f"uvicorn-w{args.workers}", cores, workers=args.workers)
+            if args.floor == "on":  # what the stack alone does with N processes on the same cores
+                run_gateway(FLOOR, f"{FLOOR}-w{args.workers}", cores, workers=args.workers, kind=FLOOR)
         if args.as_shipped == "on":
             run_gateway(AS_SHIPPED, AS_SHIPPED, {gateway_core}, kind=AS_SHIPPED)
             notes.append(f"{AS_SHIPPED}: llmgw.cli.web_processes.web_argv's uvicorn (access log on, as `llmgw up`), its "

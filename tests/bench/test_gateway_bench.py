@@ -112,6 +112,39 @@ def test_every_goal_is_judged_from_one_run():
     assert v[("as-shipped", "stalls in 10,000 sequential as shipped")] == "MISS"
 
 
+def floor(json_ms: float = 0.35, stream_ms: float = 0.6) -> Result:
+    return Result("floor", kind="floor", p50_ms=1.1, p99_ms=1.9,
+                  steps=[step(64, False, 2800, json_ms), step(64, True, 1700, stream_ms)])
+
+
+def test_the_floor_is_reported_beside_llmgw_and_never_judged():
+    rs = results()
+    rs.insert(3, floor())
+    goals = {(g.target, g.goal): g for g in gw.evaluate_goals(rs)}
+    alone = goals[("floor", "stack alone: CPU per request @64 (JSON / streamed)")]
+    assert alone.verdict == "-"
+    assert alone.figure == "0.350 / 0.600 ms; over the 0.5 ms goal by itself (streamed)"
+    above = goals[("uvicorn", "CPU above the stack's floor @64 (JSON / streamed)")]
+    assert above.verdict == "-"
+    assert above.figure.startswith("+0.050 / +0.200 ms")  # llmgw 0.4 / 0.8 ms
+    assert goals[("uvicorn", "added p50 / p99 above the stack's floor, one client")].figure == "+0.200 / +4.100 ms"
+    assert goals[("uvicorn", "CPU per request @64 (JSON / streamed)")].verdict == "MISS"  # llmgw still judged
+    assert "floor: uvicorn + aiohttp, no llmgw" in gw.render_markdown(rs)
+    rs[3] = floor(0.3, 0.45)
+    assert gw.evaluate_goals(rs)[-4].figure.endswith("within the 0.5 ms goal by itself")
+    two = Result("floor-w2", kind="floor", workers=2, steps=[step(64, False, 3000, 0.39)])
+    last = gw.evaluate_goals([*rs, two])[-1]
+    assert (last.target, last.goal, last.figure, last.verdict) == (
+        "floor-w2", "stack alone: CPU per request, 2 workers vs 1, JSON @64", "0.390 vs 0.300 ms (1.30x)", "-")
+    assert "floor: uvicorn + aiohttp, no llmgw, 2 workers" in gw.render_markdown([*rs, two])
+
+
+def test_the_floor_proxy_is_started_as_uvicorn_without_llmgw():
+    argv = gw.gateway_argv(gw.FLOOR, 8124)
+    assert "bench._floor_proxy:app" in argv and "llmgw.asgi:application" not in argv
+    assert argv[argv.index("--loop") + 1] == "uvloop" and argv[argv.index("--http") + 1] == "httptools"
+
+
 def test_workers_whose_cpu_per_request_grows_miss():
     rs = results()
     rs[2].steps[0] = step(64, False, 1800, 0.5)  # 1.25x one worker's 0.4 ms
@@ -198,13 +231,15 @@ def test_the_bench_runs_in_its_quickest_form(tmp_path):
         capture_output=True, text=True, env=env, cwd=gw.ROOT, timeout=540, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert [r["name"] for r in data["results"]] == ["direct", "uvicorn", "as-shipped"]
-    uvicorn = data["results"][1]
+    assert [r["name"] for r in data["results"]] == ["direct", "uvicorn", "floor", "as-shipped"]
+    uvicorn, floor = data["results"][1], data["results"][2]
+    assert all(s["ok"] and not s["errors"] for s in floor["steps"]), floor["steps"]  # the bare proxy answers
     assert uvicorn["held_ms"] is not None, uvicorn["held_error"]
     assert {s["scenario"] for s in uvicorn["steps"]} == {"replica", "external", "on-demand"}
-    assert data["results"][2]["stalls"]["requests"] == 30
+    assert data["results"][3]["stalls"]["requests"] == 30
     goals = {(g["target"], g["goal"]) for g in data["goals"]}
     assert ("as-shipped", "stalls in 30 sequential as shipped") in goals
+    assert ("uvicorn", "CPU above the stack's floor @64 (JSON / streamed)") in goals
     assert all(g["verdict"] in ("PASS", "MISS", "-") for g in data["goals"])
 
 
