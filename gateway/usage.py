@@ -12,7 +12,7 @@ import atexit
 import logging
 import threading
 
-from asgiref.sync import sync_to_async
+from llmgw.background import in_background
 from django.conf import settings
 from django.db import (IntegrityError, InterfaceError, OperationalError, close_old_connections, connections, router,
                        transaction)
@@ -59,7 +59,7 @@ class UsageBuffer:
         while True:
             await asyncio.sleep(settings.LLMGW_USAGE_FLUSH_INTERVAL_S)
             try:
-                await sync_to_async(self.flush, thread_sensitive=False)()
+                await in_background(self.flush)()
             except Exception:
                 log.exception("could not write usage records; keeping them for the next try")
 

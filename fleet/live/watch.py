@@ -36,7 +36,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Protocol
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.db.models import Case, F, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
@@ -50,6 +49,7 @@ from fleet.models import Agent, ControlPlane, ModelState, Replica, engine_url
 from fleet.planning.planner import backoff_wait_s
 from fleet.protocol import error_summary
 from fleet.states import COMING_UP, ReplicaState
+from llmgw.background import in_background
 from llmgw.process_name import process_name, this_process
 
 log = logging.getLogger(__name__)
@@ -559,7 +559,7 @@ class Watcher:
 
     async def _refresh(self) -> None:
         started = time.monotonic()
-        view, generations = await sync_to_async(_load_view, thread_sensitive=False)(
+        view, generations = await in_background(_load_view)(
             list(self.agents), self._generations_key, tuple(self.extra_loaders))
         view.started_at = started
         view.version = self.view.version + 1
@@ -609,7 +609,7 @@ class Watcher:
             return
         self._last_token_sweep = now
         consumers = list(self.consumers)
-        current = await sync_to_async(_token_hashes, thread_sensitive=False)(list({c.agent_id for c in consumers}))
+        current = await in_background(_token_hashes)(list({c.agent_id for c in consumers}))
         for consumer in consumers:
             agent_id, held = consumer.agent_id, getattr(consumer, "token_sha256", "")
             if held and current.get(agent_id) != held:
@@ -624,11 +624,11 @@ class Watcher:
         if now - self._last_register < settings.LLMGW_CONTROL_PLANE_HEARTBEAT_S:
             return
         self._last_register = now
-        await sync_to_async(register_web_process, thread_sensitive=False)()
+        await in_background(register_web_process)()
 
     async def flush_heartbeats(self) -> None:
         if heartbeats.pending or heartbeats.pending_loads:
-            await sync_to_async(heartbeats.flush, thread_sensitive=False)()
+            await in_background(heartbeats.flush)()
 
     async def flush_usage(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -646,10 +646,10 @@ class Watcher:
         report = usage.take_report(set(self._routed_at))
         self._last_flush = now
         if report:
-            await sync_to_async(record_report, thread_sensitive=False)(process_id(), report)
+            await in_background(record_report)(process_id(), report)
         depths = queued.due(now)
         if depths:
-            await sync_to_async(record_queue_report, thread_sensitive=False)(process_id(), depths)
+            await in_background(record_queue_report)(process_id(), depths)
             queued.wrote(depths, now)
 
 

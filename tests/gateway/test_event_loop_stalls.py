@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import threading
 
 import pytest
 
 from gateway import cache  # registers its loader before the first refresh, as the web app does
+
+from llmgw import background
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -71,12 +74,19 @@ async def test_the_usage_writer_and_the_watchers_refresh_run_off_the_event_loop(
     threads: dict[str, threading.Thread] = {}
     write, load = usage._insert, cache.load
 
+    priorities: dict[str, int] = {}
+
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
     def insert(rows, *args, **kwargs):
         threads["usage"] = threading.current_thread()
+        priorities["usage"] = priority()
         return write(rows, *args, **kwargs)
 
     def loader():
         threads["refresh"] = threading.current_thread()
+        priorities["refresh"] = priority()
         return load()
 
     monkeypatch.setattr(usage, "_insert", insert)
@@ -93,6 +103,10 @@ async def test_the_usage_writer_and_the_watchers_refresh_run_off_the_event_loop(
         await asyncio.sleep(0.05)
     buffer._task.cancel()
     assert threads["usage"] is not loop_thread and threads["refresh"] is not loop_thread, threads
+    # Below the loop's priority: when both want the core, the loop runs first (llmgw/background.py).
+    wanted = min(19, priority() + background.NICE)
+    assert priorities == {"usage": wanted, "refresh": wanted}, priorities
+    assert threads["refresh"].name.startswith("llmgw-background")
 
 
 def test_log_lines_are_written_by_a_thread_after_the_filters_the_caller_applies(capsys):

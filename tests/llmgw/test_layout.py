@@ -32,7 +32,8 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Below every app: what the whole project shares, importing no app.
     ("base", ("llmgw.env", "llmgw.datadir", "llmgw.permissions", "llmgw.tokens", "llmgw.auth_throttle",
               "llmgw.shown_once", "llmgw.limits", "llmgw.http", "llmgw.logfilters", "llmgw.channel_layer",
-              "llmgw.metrics", "llmgw.checks", "llmgw.integers", "llmgw.process_name", "llmgw.rest")),
+              "llmgw.metrics", "llmgw.checks", "llmgw.integers", "llmgw.process_name", "llmgw.rest",
+              "llmgw.background")),
     # The catalog's plain parts, which the agent and the planner's callers read too.
     ("catalog.plain", ("catalog.weights", "catalog.schedules", "catalog.presets")),
     ("catalog", ("catalog",)),
