@@ -144,6 +144,7 @@ SERVERS = ("uvicorn", "daphne", "granian")
 CHOSEN = "uvicorn"  # what `llmgw up` runs: its goals decide
 AS_SHIPPED = "as-shipped"
 FLOOR = "floor"  # bench/_floor_proxy.py: uvicorn + aiohttp and nothing of llmgw
+FLOOR_DJANGO = "floor-django"  # bench/_floor_django.py: + Django's lean handler and a trivial view
 SCENARIOS = ("external", "on-demand")
 HEARTBEAT_S = 3.0
 LATENCY_MIN_REQUESTS = 500
@@ -335,8 +336,9 @@ def gateway_argv(server: str, port: int, workers: int = 1, granian: list[str] | 
         return [*(granian or [PYTHON, "-m", "granian"]), "--interface", "asgi", "--host", "127.0.0.1",
                 "--port", str(port), "--workers", "1", "--runtime-threads", "1", "--loop", "uvloop",
                 "--no-access-log", "--log-level", "warning", "llmgw.asgi:application"]
-    if server == FLOOR:
-        argv = [PYTHON, "-m", "uvicorn", "bench._floor_proxy:app", "--host", "127.0.0.1", "--port", str(port),
+    if server in (FLOOR, FLOOR_DJANGO):
+        app = "bench._floor_proxy:app" if server == FLOOR else "bench._floor_django:app"
+        argv = [PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
                 "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
         return argv + (["--workers", str(workers)] if workers > 1 else [])
     if server == AS_SHIPPED:
@@ -356,7 +358,7 @@ def start_gateway(server: str, port: int, cores: set[int], tmp: Path, workers: i
     engine's base URL, for :data:`FLOOR`."""
     argv = gateway_argv(server, port, workers, granian[0] if granian else None)
     env = granian[1] if granian and server == "granian" else None
-    if server == FLOOR:
+    if server in (FLOOR, FLOOR_DJANGO):
         env = {"LLMGW_FLOOR_UPSTREAM": floor_upstream}
     proc = Proc([*taskset(cores), *argv], tmp / f"gateway-{name or server}.log", env=env)
     wait_for_port(port, timeout_s=60, proc=proc.proc)
@@ -987,9 +989,10 @@ def evaluate_goals(results: list[Result]) -> list[Goal]:
                                   f"{s.rps:,.0f} vs {b.rps:,.0f}/s ({fmt_ratio(s.rps, b.rps)})", "reported", None))
             else:
                 goals.append(Goal(r.name, name, "not measured", f"<= {1 + GOAL_WITHIN:.2f}x", None))
-    floor = next((r for r in results if r.kind == FLOOR and r.workers == 1), None)
+    floor = next((r for r in results if r.name == FLOOR), None)
     if floor is not None:
-        goals += _floor_goals(floor, one_worker.get(CHOSEN), direct)
+        goals += _floor_goals(floor, one_worker.get(CHOSEN), direct,
+                              next((r for r in results if r.name == FLOOR_DJANGO), None))
         for r in results:
             if r.kind == FLOOR and r.workers > 1:
                 b, s = floor.step(GOAL_RPS_AT, False), r.step(GOAL_RPS_AT, False)
@@ -1005,21 +1008,28 @@ def _cpu_pair(r: Result) -> tuple[float | None, float | None]:
     return tuple(s.cpu_ms if (s := r.step(GOAL_RPS_AT, stream)) else None for stream in (False, True))
 
 
-def _floor_goals(floor: Result, chosen: Result | None, direct: Result) -> list[Goal]:
-    """What the stack costs by itself (:data:`FLOOR`, reported, never judged: it is not
-    llmgw) and what llmgw costs above it, per request at :data:`GOAL_RPS_AT` clients and
-    one client at a time; the goal a floor already exceeds cannot be met on this stack."""
+def _floor_goals(floor: Result, chosen: Result | None, direct: Result,
+                 django: Result | None = None) -> list[Goal]:
+    """What the stack costs by itself (:data:`FLOOR`) and with Django's lean handler
+    (:data:`FLOOR_DJANGO`) — reported, never judged: neither is llmgw — and what llmgw costs
+    above the stack, per request at :data:`GOAL_RPS_AT` clients and one client at a time;
+    the goal a floor already exceeds cannot be met on that stack."""
     def pair(values) -> str:
         return " / ".join("-" if v is None else f"{v:.3f}" for v in values) + " ms"
 
+    goals = []
+    for r, what in ((floor, "stack alone"), (django, "stack + Django's handler")):
+        if r is None:
+            continue
+        cpus = _cpu_pair(r)
+        over = [mode for mode, c in zip(("JSON", "streamed"), cpus) if c is not None and c > GOAL_CPU_MS]
+        verdict = (f"; over the {GOAL_CPU_MS:g} ms goal by itself ({', '.join(over)})" if over else
+                   f"; within the {GOAL_CPU_MS:g} ms goal by itself")
+        goals += [Goal(r.name, f"{what}: CPU per request @{GOAL_RPS_AT} (JSON / streamed)",
+                       pair(cpus) + (verdict if any(c is not None for c in cpus) else ""), "reported", None),
+                  Goal(r.name, f"{what}: added p50 / p99, one client",
+                       f"{r.p50_ms - direct.p50_ms:+.3f} / {r.p99_ms - direct.p99_ms:+.3f} ms", "reported", None)]
     cpus = _cpu_pair(floor)
-    over = [mode for mode, c in zip(("JSON", "streamed"), cpus) if c is not None and c > GOAL_CPU_MS]
-    verdict = (f"; over the {GOAL_CPU_MS:g} ms goal by itself ({', '.join(over)})" if over else
-               f"; within the {GOAL_CPU_MS:g} ms goal by itself")
-    goals = [Goal(floor.name, f"stack alone: CPU per request @{GOAL_RPS_AT} (JSON / streamed)",
-                  pair(cpus) + (verdict if any(c is not None for c in cpus) else ""), "reported", None),
-             Goal(floor.name, "stack alone: added p50 / p99, one client",
-                  f"{floor.p50_ms - direct.p50_ms:+.3f} / {floor.p99_ms - direct.p99_ms:+.3f} ms", "reported", None)]
     if chosen is not None:
         mine = _cpu_pair(chosen)
         above = [None if a is None or b is None else a - b for a, b in zip(mine, cpus)]
@@ -1197,6 +1207,8 @@ def render_markdown(results: list[Result], notes: list[str] | None = None) -> st
         return f"{w.rps:,.0f} ({w.p50_ms:.2f} / {w.p99_ms:.2f} ms)"
 
     def name(r: Result) -> str:
+        if r.name == FLOOR_DJANGO:
+            return "floor: + Django's lean handler, no llmgw"
         if r.kind == FLOOR:
             return "floor: uvicorn + aiohttp, no llmgw" + (f", {r.workers} workers" if r.workers > 1 else "")
         label = f"uvicorn, {r.workers} workers" if r.workers > 1 else r.name
@@ -1437,8 +1449,12 @@ def main(argv=None) -> int:
             run_gateway(server, server, {gateway_core}, scenarios=args.scenarios == "on")
         if args.floor == "on":
             run_gateway(FLOOR, FLOOR, {gateway_core}, kind=FLOOR)
+            run_gateway(FLOOR_DJANGO, FLOOR_DJANGO, {gateway_core}, kind=FLOOR)
             notes.append(f"{FLOOR}: bench/_floor_proxy.py under the same uvicorn, one shared aiohttp session, no "
                          "framework and none of llmgw's work: what this stack costs by itself")
+            notes.append(f"{FLOOR_DJANGO}: bench/_floor_django.py, the same forwarding as a trivial async view "
+                         "behind llmgw's lean Django handler (request, URL resolution, response, ASGI send): "
+                         "what Django adds to the stack")
         if args.workers > 1:
             cores = set(range(args.workers))
             if cores & load_cores:

@@ -132,6 +132,13 @@ def test_the_floor_is_reported_beside_llmgw_and_never_judged():
     assert "floor: uvicorn + aiohttp, no llmgw" in gw.render_markdown(rs)
     rs[3] = floor(0.3, 0.45)
     assert gw.evaluate_goals(rs)[-4].figure.endswith("within the 0.5 ms goal by itself")
+    django = Result("floor-django", kind="floor", p50_ms=1.2, p99_ms=2.0,
+                    steps=[step(64, False, 2500, 0.25), step(64, True, 1600, 0.55)])
+    goals = {(g.target, g.goal): g for g in gw.evaluate_goals([*rs, django])}
+    assert goals[("floor-django", "stack + Django's handler: CPU per request @64 (JSON / streamed)")].figure == (
+        "0.250 / 0.550 ms; over the 0.5 ms goal by itself (streamed)")
+    assert goals[("floor-django", "stack + Django's handler: added p50 / p99, one client")].figure == "+0.200 / +0.000 ms"
+    assert "floor: + Django's lean handler, no llmgw" in gw.render_markdown([*rs, django])
     two = Result("floor-w2", kind="floor", workers=2, steps=[step(64, False, 3000, 0.39)])
     last = gw.evaluate_goals([*rs, two])[-1]
     assert (last.target, last.goal, last.figure, last.verdict) == (
@@ -231,15 +238,17 @@ def test_the_bench_runs_in_its_quickest_form(tmp_path):
         capture_output=True, text=True, env=env, cwd=gw.ROOT, timeout=540, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert [r["name"] for r in data["results"]] == ["direct", "uvicorn", "floor", "as-shipped"]
-    uvicorn, floor = data["results"][1], data["results"][2]
-    assert all(s["ok"] and not s["errors"] for s in floor["steps"]), floor["steps"]  # the bare proxy answers
+    assert [r["name"] for r in data["results"]] == ["direct", "uvicorn", "floor", "floor-django", "as-shipped"]
+    uvicorn = data["results"][1]
+    for floor in data["results"][2:4]:  # the bare proxy and the trivial Django view answer
+        assert all(s["ok"] and not s["errors"] for s in floor["steps"]), floor["steps"]
     assert uvicorn["held_ms"] is not None, uvicorn["held_error"]
     assert {s["scenario"] for s in uvicorn["steps"]} == {"replica", "external", "on-demand"}
-    assert data["results"][3]["stalls"]["requests"] == 30
+    assert data["results"][4]["stalls"]["requests"] == 30
     goals = {(g["target"], g["goal"]) for g in data["goals"]}
     assert ("as-shipped", "stalls in 30 sequential as shipped") in goals
     assert ("uvicorn", "CPU above the stack's floor @64 (JSON / streamed)") in goals
+    assert ("floor-django", "stack + Django's handler: CPU per request @64 (JSON / streamed)") in goals
     assert all(g["verdict"] in ("PASS", "MISS", "-") for g in data["goals"])
 
 

@@ -82,3 +82,110 @@ def test_headers_from_the_scope_are_the_ones_django_builds():
     assert ours["Authorization"] == ours["authorization"] == "Bearer k"
     assert ours["Accept"] == "a/b,c/d" and "x_spoofed" not in ours and "X-Spoofed" not in ours
     assert ours.get("X_LLMGW_PRIORITY") == "low"  # Django's underscore lookup too
+
+
+# --- the view in the request's own task, a listener cancelling it when the client leaves ----
+from django.http import HttpResponse, StreamingHttpResponse  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+_seen: dict = {}
+
+
+async def _slow_view(request, path):
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        _seen["cancelled"] = True
+        raise
+    return HttpResponse(b"late")
+
+
+async def _stream_view(request, path):
+    async def parts():
+        try:
+            yield b"first"
+            await asyncio.sleep(30)
+            yield b"never"
+        finally:
+            _seen["stream closed"] = True
+
+    response = StreamingHttpResponse(parts())
+    response._resource_closers.append(lambda: _seen.setdefault("closer ran", True))
+    return response
+
+
+urlpatterns = [re_path(r"^v1/slow$", _slow_view, {"path": "slow"}),
+               re_path(r"^v1/stream$", _stream_view, {"path": "stream"})]
+
+
+class _TestHandler(LeanASGIHandler):
+    v1_urlconf = __name__
+    _resolved: dict = {}
+
+
+def _scope(path: str) -> dict:
+    return {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+            "root_path": "", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80)}
+
+
+class _Client:
+    """An ASGI client whose ``leave()`` makes the next receive() a disconnect."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.gone = asyncio.Event()
+        self.first = True
+
+    async def receive(self):
+        if self.first:
+            self.first = False
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message):
+        self.sent.append(message)
+
+
+import asyncio  # noqa: E402
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_client_leaving_cancels_the_view_and_the_request_ends_cleanly():
+    _seen.clear()
+    client = _Client()
+    task = asyncio.ensure_future(_TestHandler()(_scope("/v1/slow"), client.receive, client.send))
+    await asyncio.sleep(0.1)
+    client.gone.set()
+    await asyncio.wait_for(task, 5)  # no exception: a client leaving is not an error
+    assert _seen == {"cancelled": True}
+    assert client.sent == []  # nothing was answered to nobody
+    assert task.cancelling() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_client_leaving_during_a_stream_closes_it_and_runs_its_closers():
+    _seen.clear()
+    client = _Client()
+    task = asyncio.ensure_future(_TestHandler()(_scope("/v1/stream"), client.receive, client.send))
+    for _ in range(50):
+        if any(m.get("body") == b"first" for m in client.sent):
+            break
+        await asyncio.sleep(0.02)
+    client.gone.set()
+    await asyncio.wait_for(task, 5)
+    assert client.sent[0]["type"] == "http.response.start" and client.sent[0]["status"] == 200
+    assert _seen == {"stream closed": True, "closer ran": True}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_server_cancelling_a_request_is_not_absorbed():
+    _seen.clear()
+    client = _Client()
+    task = asyncio.ensure_future(_TestHandler()(_scope("/v1/slow"), client.receive, client.send))
+    await asyncio.sleep(0.1)
+    task.cancel()  # uvicorn's shutdown, say
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _seen == {"cancelled": True}
