@@ -1251,7 +1251,7 @@ def _interrupt(*_) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--servers", default=",".join(SERVERS),
                    help=f"comma-separated ASGI servers for the gateway, of {', '.join(SERVERS)} (default: all)")
     p.add_argument("--server", choices=[*SERVERS, "both"], default=None,

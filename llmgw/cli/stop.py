@@ -40,5 +40,5 @@ def run(options, stdout, stderr) -> int:
     if left:
         stderr.write(f"{left} replica(s) still running after {options['timeout_s']:.0f} s\n")
         return FAILED
-    stdout.write("every engine stopped; GPUs are free\n")
+    stdout.write("every engine stopped; its GPUs (or cores and memory) are free\n")
     return OK
