@@ -17,7 +17,10 @@ read, Django's ``ASGIHandler.handle`` waits on ``receive()`` beside the view
 (``listen_for_disconnect``; ``BodyLimits`` passes every later ``receive()`` to the server)
 and cancels the view on ``http.disconnect``. A request held for a cold start ends there:
 it leaves ``fleet.live.holding()`` (no longer counted, the watcher back to its normal
-cadence) and is recorded 499 (``gateway/proxy.py``).
+cadence) and is recorded 499 (``gateway/proxy.py``). A request the server cancels before
+its answer began (uvicorn's shutdown, once ``--timeout-graceful-shutdown`` has passed) is
+answered 503 ``shutting_down`` in OpenAI's shape with ``Retry-After`` instead of the server's
+plain-text 500, and the cancel goes on.
 """
 
 import asyncio
@@ -241,20 +244,33 @@ class LeanASGIHandler(ASGIHandler):
             response = await self.run_get_response(request)
             await self.send_response(response, send)
         except asyncio.CancelledError:
-            if not aborted:  # the server cancels the request (shutdown): not ours to absorb
+            # The client left (the watcher's cancel) — unless the server cancelled too, at the
+            # same moment or before: that one is not ours to absorb (uvicorn's shutdown).
+            if not aborted or this.uncancel() > 0:
                 watcher.cancel()
-                body_file.close()
+                if response is None:  # nothing sent yet: say why in OpenAI's shape, not a bare 500
+                    await _answer_shutting_down(send)
+                self._close(response, body_file)
                 raise
-            this.uncancel()  # the client left, during the view (no response) or its send
         # A cancel requested is always delivered at the await it interrupts, above: once the
         # watcher is cancelled here (before any other await) it can request none.
         watcher.cancel()
         if watcher.done() and not watcher.cancelled() and watcher.exception() is not None:
-            body_file.close()
+            self._close(response, body_file)
             raise watcher.exception()  # an ASGI message that is not a disconnect, as Django raises it
-        status = 499
+        status = 499 if response is None else response.status_code
+        self._close(response, body_file)
+        now = time.monotonic()
+        if status >= 500 or now - LeanASGIHandler._hygiene_at >= self.DB_HYGIENE_INTERVAL_S:
+            LeanASGIHandler._hygiene_at = now
+            await sync_to_async(_request_signals)()
+
+
+    @staticmethod
+    def _close(response, body_file) -> None:
+        """The response's closers (``gateway.proxy`` settles a request not yet recorded
+        there), on the loop, whatever ended the request; then the request's body file."""
         if response is not None:
-            status = response.status_code
             for closer in response._resource_closers:
                 try:
                     closer()
@@ -263,10 +279,20 @@ class LeanASGIHandler(ASGIHandler):
             response._resource_closers.clear()
             response.closed = True
         body_file.close()
-        now = time.monotonic()
-        if status >= 500 or now - LeanASGIHandler._hygiene_at >= self.DB_HYGIENE_INTERVAL_S:
-            LeanASGIHandler._hygiene_at = now
-            await sync_to_async(_request_signals)()
+
+
+async def _answer_shutting_down(send) -> None:
+    """503 in OpenAI's shape (with ``Retry-After``) for a request the server cancels before
+    its answer began — uvicorn's shutdown once its graceful timeout has passed — rather
+    than the server's plain-text 500; nothing if the connection is already gone."""
+    response = openai_error(503, "The gateway stopped before answering (it is shutting down or restarting); retry.",
+                            code="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+    try:
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(k.encode("latin1"), v.encode("latin1")) for k, v in response.items()]})
+        await send({"type": "http.response.body", "body": response.content})
+    except Exception:  # noqa: BLE001 (the client or the server is gone: nobody to tell)
+        pass
 
 
 class _Split:

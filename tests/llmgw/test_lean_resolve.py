@@ -189,3 +189,90 @@ async def test_the_server_cancelling_a_request_is_not_absorbed():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert _seen == {"cancelled": True}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_server_cancel_is_answered_503_in_openais_shape_and_not_absorbed():
+    import json
+
+    _seen.clear()
+    client = _Client()
+    task = asyncio.ensure_future(_TestHandler()(_scope("/v1/slow"), client.receive, client.send))
+    await asyncio.sleep(0.1)
+    task.cancel()  # uvicorn's shutdown after its graceful timeout
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    start, body = client.sent
+    assert start["status"] == 503 and (b"retry-after", b"1") in [(k.lower(), v) for k, v in start["headers"]]
+    assert json.loads(body["body"])["error"]["code"] == "shutting_down"
+
+
+class _LeavingAsTheServerCancels(_Client):
+    """The server cancels the request (its shutdown) and the client's disconnect comes in
+    the same turn of the loop, before the request's task runs again."""
+
+    task: asyncio.Task | None = None
+
+    async def receive(self):
+        if self.first:
+            self.first = False
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+        await self.gone.wait()
+        self.task.cancel()
+        return {"type": "http.disconnect"}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_server_cancel_at_the_moment_the_client_leaves_is_not_absorbed():
+    _seen.clear()
+    client = _LeavingAsTheServerCancels()
+    task = client.task = asyncio.ensure_future(_TestHandler()(_scope("/v1/slow"), client.receive, client.send))
+    await asyncio.sleep(0.1)
+    client.gone.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert _seen == {"cancelled": True}
+    assert task.cancelling() == 1  # the server's cancel, still requested
+
+
+async def _closing_view(request, path):
+    await asyncio.sleep(0.05)  # the listener reads the next message meanwhile
+    response = HttpResponse(b"ok")
+    response._resource_closers.append(lambda: _seen.setdefault("closer ran", True))
+    return response
+
+
+urlpatterns.append(re_path(r"^v1/closing$", _closing_view, {"path": "closing"}))
+
+
+class _Confused(_Client):
+    """A server that breaks the protocol: a second request message after the body."""
+
+    async def receive(self):
+        if self.first:
+            self.first = False
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+        return {"type": "http.request", "body": b"more", "more_body": False}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_unexpected_message_is_raised_after_the_response_is_closed():
+    _seen.clear()
+    client = _Confused()
+    with pytest.raises(AssertionError, match="Invalid ASGI message"):
+        await asyncio.wait_for(_TestHandler()(_scope("/v1/closing"), client.receive, client.send), 5)
+    assert client.sent[0]["status"] == 200
+    assert _seen == {"closer ran": True}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models/a\nb"), ("POST", "/v1/chat\ncompletions")])
+async def test_a_newline_in_a_path_is_answered_in_openais_shape(method, path):
+    """``GET /v1/models/a%0Ab`` as uvicorn hands it over (decoded; test clients drop the newline)."""
+    import json
+
+    client = _Client()
+    await asyncio.wait_for(application({**_scope(path), "method": method}, client.receive, client.send), 10)
+    start, body = client.sent[0], client.sent[-1]
+    assert start["status"] in (401, 404)  # the gateway's views, not Django's HTML 404
+    assert json.loads(body["body"])["error"]["code"] in ("invalid_api_key", "missing_api_key", "unknown_url")
