@@ -145,7 +145,7 @@ async def forward(model, out: Outgoing, endpoint: Endpoint, ex: Exchange, body: 
     try:
         opened = await open_on_replica(model, out, endpoint, ex)
     except asyncio.CancelledError:
-        ex.finish(499)
+        ex.finish(ex.gone_status())
         raise
     if isinstance(opened, HttpResponse):
         return ex.answer(opened)
@@ -350,7 +350,7 @@ async def compose(model, path: str, body: dict, query: bytes, headers: dict[str,
         head = None
     except asyncio.CancelledError:
         await merged.aclose()
-        ex.finish(499)
+        ex.finish(ex.gone_status())
         raise
     except LegFailed as failed:
         await merged.aclose()
@@ -489,7 +489,7 @@ async def _assembled(head: dict | None, merged, ex: Exchange, kind: str, how: Co
             assembler.feed(data)
     except asyncio.CancelledError:
         ex.completion_tokens = assembler.content_chunks  # what the engine made before the client left
-        ex.finish(499)  # every leg's upstream is closed
+        ex.finish(ex.gone_status())  # every leg's upstream is closed
         raise
     except LegFailed as failed:
         return ex.answer(failed.answer)
@@ -565,7 +565,7 @@ def _streamed(head: dict | None, merged, ex: Exchange, kind: str, how: Compositi
             yield assembly.encode_event(error)
         except (asyncio.CancelledError, GeneratorExit):
             if not done:
-                status = 499
+                status = ex.gone_status()
             raise
         finally:
             await merged.aclose()

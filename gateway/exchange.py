@@ -4,6 +4,7 @@ status; recorded once at the end as metrics and a usage record (``gateway.usage`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from django.http import HttpResponse
 from django.utils import timezone
@@ -14,6 +15,10 @@ from gateway import metrics, tenants
 from gateway.auth import Caller
 from gateway.usage import usage_records
 from llmgw import integers
+
+
+def _yes() -> bool:
+    return True
 
 
 class Exchange:
@@ -54,6 +59,16 @@ class Exchange:
         self.rate_headers: dict[str, str] = {}
         #: Called once at the end (after the counters settle): the admission queue's slot.
         self.on_finish: list = []
+        #: Whether a request that ends by cancellation was left by its client (the default)
+        #: rather than cancelled by the server; ``gateway.proxy`` reads the lean handler's
+        #: mark (``llmgw.asgi``). See :meth:`gone_status`.
+        self.client_left: Callable[[], bool] = _yes
+
+    def gone_status(self) -> int:
+        """The status recorded for a request that ended by cancellation: 499 when its client
+        left, 503 when the server cancelled it (its shutdown: the client was answered 503
+        ``shutting_down``, or its stream was cut)."""
+        return 499 if self.client_left() else 503
 
     def note_usage(self, data: dict | None) -> None:
         """Take token counts from an answer's ``usage``; values that are not counts (an

@@ -61,12 +61,13 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     exactly by the view; the upstream URL is built from it). Every answer after the
     tenants' limits were checked carries OpenAI's ``x-ratelimit-*`` headers."""
     ex = Exchange(path)
+    ex.client_left = lambda: getattr(request, "client_left", True)  # marked by llmgw.asgi's lean handler
     try:
         response = await _serve(request, path, ex)
     except BaseException:
         if (ex.admitted is not None or ex.on_finish or ex.counted_on is not None
                 or ex.in_flight_label is not None) and not ex.recorded:
-            ex.finish(499)  # settle: the counters and the queue must not keep a request that is gone
+            ex.finish(ex.gone_status())  # settle: the counters and the queue must not keep a request that is gone
         raise
     for name, value in ex.rate_headers.items():
         response[name] = value
@@ -79,7 +80,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
         def closed() -> None:
             if not ex.recorded:
                 try:
-                    loop.call_soon_threadsafe(ex.finish, 499)
+                    loop.call_soon_threadsafe(ex.finish, ex.gone_status())
                 except RuntimeError:  # the loop is gone (shutdown): nothing left to release
                     pass
 
@@ -167,7 +168,7 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
             log.warning("external service for %s not reachable: %s", model.name, exc or type(exc).__name__)
             return ex.answer(external_failure(model.name, exc))
         except asyncio.CancelledError:
-            ex.finish(499)  # the client went away before the answer's headers
+            ex.finish(ex.gone_status())  # the client went away before the answer's headers
             raise
         return await relay(upstream, ex, None, strip_usage, {"X-Llmgw-Replica": "external"})
     default_max_tokens = model.default_max_tokens
@@ -189,7 +190,7 @@ async def _serve(request: HttpRequest, path: str, ex: Exchange) -> HttpResponse:
                 default_max_tokens = counted
                 content, strip_usage = upstream_body(body, request.body, ex.stream, served_here, counted, traits)
     except asyncio.CancelledError:
-        ex.finish(499)  # the client went away while held (the server cancels the view)
+        ex.finish(ex.gone_status())  # the client went away while held (the server cancels the view)
         raise
     if isinstance(found, HttpResponse):
         return ex.answer(found)

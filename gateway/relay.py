@@ -94,7 +94,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
             return ex.answer(openai_error(502, f"The upstream answer broke off: {what_broke(exc)}.",
                                           code="upstream_error"))
         except asyncio.CancelledError:
-            ex.finish(499)  # the client went away; closing the upstream tells the engine
+            ex.finish(ex.gone_status())  # the client went away; closing the upstream tells the engine
             raise
         finally:
             if read:
@@ -132,7 +132,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
         upstream.close()
         if replica_id is not None:
             live.end_request(replica_id)
-        ex.finish(499)
+        ex.finish(ex.gone_status())
         raise
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         opening = b""
@@ -215,7 +215,7 @@ async def relay(upstream: aiohttp.ClientResponse, ex: Exchange, replica_id: int 
             # else: the stream was whole ([DONE] sent); only the engine's goodbye was rough
         except (asyncio.CancelledError, GeneratorExit):
             if not done_sent:  # after [DONE], a client closing before the engine's EOF is done
-                status = 499  # the client went away; closing the upstream tells the engine
+                status = ex.gone_status()  # the client went away; closing the upstream tells the engine
             raise
         finally:
             if complete_stream:

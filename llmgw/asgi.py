@@ -223,6 +223,9 @@ class LeanASGIHandler(ASGIHandler):
         # the whole site's: the same view, a fifth of the resolver's work.
         request.urlconf = self.v1_urlconf
         request.headers = headers_of(scope)  # what Django would build from META, at a third of the cost
+        # Read by gateway.proxy: a request cancelled without this mark was cancelled by the
+        # server (its shutdown), and is recorded 503 rather than 499.
+        request.client_left = False
 
         # The view runs in this task; a second one listens for the client leaving and, if it
         # does, cancels this one (as ASGIHandler.handle cancels its view task), one task and
@@ -235,7 +238,7 @@ class LeanASGIHandler(ASGIHandler):
             try:
                 await self.listen_for_disconnect(receive)
             except RequestAborted:
-                aborted = True
+                aborted = request.client_left = True
                 this.cancel()
 
         watcher = asyncio.create_task(watch_disconnect())
