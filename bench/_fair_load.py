@@ -12,7 +12,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from bench.gateway import Target, cpu_seconds, percentile, run_async, say, session
+from bench._gateway_goals import Target
+from bench._gateway_load import cpu_seconds, percentile, run_async, say, session
 
 SLOW_MODEL = "bench-slow"
 

@@ -91,7 +91,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._cleanup import finish_logs, shield_cleanup  # noqa: E402
-from bench.gateway import machine_load, percentile, run_async, say  # noqa: E402
+from bench._gateway_load import machine_load, percentile, run_async, say  # noqa: E402
 from bench.tenants import fmt, table  # noqa: E402
 from tests.cluster import FAST_ENV  # noqa: E402
 from tests.processes import PYTHON, Proc, free_port, wait_for_port, wait_until  # noqa: E402

@@ -92,10 +92,11 @@ sys.path.insert(0, str(ROOT))
 from bench._cleanup import finish_logs, shield_cleanup  # noqa: E402
 from bench._fair_load import SLOW_MODEL, Phase, merged, run_phase, say_phase, stream_body, wait_idle  # noqa: E402
 from bench._pyspy import summarize_profile  # noqa: E402
-from bench.gateway import (  # noqa: E402
-    Heartbeat, Profiler, Step, Target, bodies, cpu_seconds, create_rows, find_py_spy, machine_load, measure_rps,
-    percentile, run_async, say, setup_django, split_cores, start_engine, taskset, wait_routed,
+from bench._gateway_goals import Step, Target  # noqa: E402
+from bench._gateway_load import (  # noqa: E402
+    Profiler, bodies, cpu_seconds, machine_load, measure_rps, percentile, run_async, say, taskset, wait_routed,
 )
+from bench.gateway import Heartbeat, create_rows, find_py_spy, setup_django, split_cores, start_engine  # noqa: E402
 from tests.processes import PYTHON, Proc, free_port, wait_for_port  # noqa: E402
 
 FAST_MODEL = "bench-model"  # bench.gateway.create_rows's model

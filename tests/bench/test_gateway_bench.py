@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+from bench import _gateway_goals as rules
+from bench import _gateway_load as load
 from bench import gateway as gw
-from bench.gateway import Result, Stalls, Step, Wrk
+from bench._gateway_goals import Result, Stalls, Step, Wrk
 
 WRK_OUTPUT = """Running 2s test @ http://127.0.0.1:8000/v1/chat/completions
   1 threads and 64 connections
@@ -32,7 +34,7 @@ Transfer/sec:    767.21KB
 
 
 def test_wrk_output_is_read_with_its_units_and_failures():
-    w = gw.parse_wrk(WRK_OUTPUT, 64)
+    w = load.parse_wrk(WRK_OUTPUT, 64)
     assert w.rps == pytest.approx(1549.75)
     assert w.p50_ms == pytest.approx(0.812)
     assert w.p99_ms == pytest.approx(1200.0)
@@ -42,22 +44,22 @@ def test_wrk_output_is_read_with_its_units_and_failures():
 
 def test_wrk_output_without_errors_lines_has_none():
     text = "\n".join(line for line in WRK_OUTPUT.splitlines() if "errors" not in line and "Non-2xx" not in line)
-    w = gw.parse_wrk(text, 64)
+    w = load.parse_wrk(text, 64)
     assert (w.errors, w.timeouts) == (0, 0)
 
 
 def test_wrk_output_without_a_rate_is_an_error():
     with pytest.raises(ValueError, match="Requests/sec"):
-        gw.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused\n", 64)
+        load.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused\n", 64)
 
 
 def test_wrk_script_posts_the_body_with_the_key():
-    script = gw.wrk_script("sk-abc", b'{"model": "m"}')
+    script = load.wrk_script("sk-abc", b'{"model": "m"}')
     assert 'wrk.method = "POST"' in script
     assert 'wrk.body = [==[{"model": "m"}]==]' in script
     assert "[==[Bearer sk-abc]==]" in script
     with pytest.raises(ValueError):
-        gw.wrk_script("k", b'"]==]"')
+        load.wrk_script("k", b'"]==]"')
 
 
 def step(clients: int, stream: bool, rps: float, cpu_ms: float | None, scenario: str = "replica",
@@ -87,7 +89,7 @@ def results() -> list[Result]:
 
 
 def verdicts(rs: list[Result]) -> dict[tuple[str, str], str]:
-    return {(g.target, g.goal): g.verdict for g in gw.evaluate_goals(rs)}
+    return {(g.target, g.goal): g.verdict for g in rules.evaluate_goals(rs)}
 
 
 def test_every_goal_is_judged_from_one_run():
@@ -120,7 +122,7 @@ def floor(json_ms: float = 0.35, stream_ms: float = 0.6) -> Result:
 def test_the_floor_is_reported_beside_llmgw_and_never_judged():
     rs = results()
     rs.insert(3, floor())
-    goals = {(g.target, g.goal): g for g in gw.evaluate_goals(rs)}
+    goals = {(g.target, g.goal): g for g in rules.evaluate_goals(rs)}
     alone = goals[("floor", "stack alone: CPU per request @64 (JSON / streamed)")]
     assert alone.verdict == "-"
     assert alone.figure == "0.350 / 0.600 ms; over the 0.5 ms goal by itself (streamed)"
@@ -129,25 +131,25 @@ def test_the_floor_is_reported_beside_llmgw_and_never_judged():
     assert above.figure.startswith("+0.050 / +0.200 ms")  # llmgw 0.4 / 0.8 ms
     assert goals[("uvicorn", "added p50 / p99 above the stack's floor, one client")].figure == "+0.200 / +4.100 ms"
     assert goals[("uvicorn", "CPU per request @64 (JSON / streamed)")].verdict == "MISS"  # llmgw still judged
-    assert "floor: uvicorn + aiohttp, no llmgw" in gw.render_markdown(rs)
+    assert "floor: uvicorn + aiohttp, no llmgw" in rules.render_markdown(rs)
     rs[3] = floor(0.3, 0.45)
-    assert gw.evaluate_goals(rs)[-4].figure.endswith("within the 0.5 ms goal by itself")
+    assert rules.evaluate_goals(rs)[-4].figure.endswith("within the 0.5 ms goal by itself")
     django = Result("floor-django", kind="floor", p50_ms=1.2, p99_ms=2.0,
                     steps=[step(64, False, 2500, 0.25), step(64, True, 1600, 0.55)])
-    goals = {(g.target, g.goal): g for g in gw.evaluate_goals([*rs, django])}
+    goals = {(g.target, g.goal): g for g in rules.evaluate_goals([*rs, django])}
     assert goals[("floor-django", "stack + Django's handler: CPU per request @64 (JSON / streamed)")].figure == (
         "0.250 / 0.550 ms; over the 0.5 ms goal by itself (streamed)")
     assert goals[("floor-django", "stack + Django's handler: added p50 / p99, one client")].figure == "+0.200 / +0.000 ms"
-    assert "floor: + Django's lean handler, no llmgw" in gw.render_markdown([*rs, django])
+    assert "floor: + Django's lean handler, no llmgw" in rules.render_markdown([*rs, django])
     two = Result("floor-w2", kind="floor", workers=2, steps=[step(64, False, 3000, 0.39)])
-    last = gw.evaluate_goals([*rs, two])[-1]
+    last = rules.evaluate_goals([*rs, two])[-1]
     assert (last.target, last.goal, last.figure, last.verdict) == (
         "floor-w2", "stack alone: CPU per request, 2 workers vs 1, JSON @64", "0.390 vs 0.300 ms (1.30x)", "-")
-    assert "floor: uvicorn + aiohttp, no llmgw, 2 workers" in gw.render_markdown([*rs, two])
+    assert "floor: uvicorn + aiohttp, no llmgw, 2 workers" in rules.render_markdown([*rs, two])
 
 
 def test_the_floor_proxy_is_started_as_uvicorn_without_llmgw():
-    argv = gw.gateway_argv(gw.FLOOR, 8124)
+    argv = gw.gateway_argv(rules.FLOOR, 8124)
     assert "bench._floor_proxy:app" in argv and "llmgw.asgi:application" not in argv
     assert argv[argv.index("--loop") + 1] == "uvloop" and argv[argv.index("--http") + 1] == "httptools"
 
@@ -167,10 +169,10 @@ def test_a_step_that_answered_nothing_does_not_pass_the_failures_goal():
 def test_measured_rate_decides_without_cpu_and_says_so():
     rs = results()
     rs[1].steps[0] = step(64, False, 2100, None)
-    goal = next(g for g in gw.evaluate_goals(rs) if g.target == "uvicorn" and g.goal == "req/s JSON @64")
+    goal = next(g for g in rules.evaluate_goals(rs) if g.target == "uvicorn" and g.goal == "req/s JSON @64")
     assert goal.ok is True and "decides: no CPU read" in goal.figure
     rs[1].steps[0] = step(64, False, 1500, 0.4)
-    goal = next(g for g in gw.evaluate_goals(rs) if g.target == "uvicorn" and g.goal == "req/s JSON @64")
+    goal = next(g for g in rules.evaluate_goals(rs) if g.target == "uvicorn" and g.goal == "req/s JSON @64")
     assert "cap 2,500/s from CPU (decides)" in goal.figure and "1,500/s measured" in goal.figure
 
 
@@ -178,21 +180,21 @@ def test_a_held_request_that_failed_misses_and_says_why():
     rs = results()
     rs[1].held_ms, rs[1].held_error = None, "HTTP 503: b'loading'"
     rs[1].steps = [s for s in rs[1].steps if s.scenario != "on-demand"]
-    goals = {g.goal: g for g in gw.evaluate_goals(rs) if g.target == "uvicorn"}
+    goals = {g.goal: g for g in rules.evaluate_goals(rs) if g.target == "uvicorn"}
     assert goals["held-then-served (cold request)"].verdict == "MISS"
     assert "503" in goals["held-then-served (cold request)"].figure
     assert goals["on-demand vs replica, JSON @64"].verdict == "-"
 
 
 def test_stalls_count_requests_over_the_threshold_added():
-    st = gw.stall_summary([1.0] * 97 + [22.5, 30.0, 1.5], base_ms=1.0, threshold_ms=20.0)
+    st = load.stall_summary([1.0] * 97 + [22.5, 30.0, 1.5], base_ms=1.0, threshold_ms=20.0)
     assert (st.requests, st.over, st.max_added_ms) == (100, 2, 29.0)
-    assert gw.stall_summary([], 1.0).requests == 0
+    assert load.stall_summary([], 1.0).requests == 0
 
 
 def test_the_table_is_aligned_and_has_every_scenario():
-    head, rows = gw.table_rows(results(), (64, 256, 1024))
-    lines = gw.render_table(head, rows)
+    head, rows = rules.table_rows(results(), (64, 256, 1024))
+    lines = rules.render_table(head, rows)
     assert lines[0].split() == ["scenario", "direct", "uvicorn", "ratio", "uvicorn-w2", "ratio", "as-shipped", "ratio"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     labels = [r[0] for r in rows]
@@ -200,12 +202,12 @@ def test_the_table_is_aligned_and_has_every_scenario():
                   "held-then-served ms", "wrk req/s 64 json", "stalls > 20 ms added", "cpu ms/req external 64 json"):
         assert label in labels
     assert all(len(r) == len(head) for r in rows)
-    text = gw.report(results(), gw.parse_args(["--quick"]), ["a note"])
+    text = rules.report(results(), gw.parse_args(["--quick"]), ["a note"])
     assert "goals (uvicorn" in text and "MISS" in text and "note: a note" in text
 
 
 def test_markdown_has_the_readme_tables_shape():
-    md = gw.render_markdown(results(), ["a note"])
+    md = rules.render_markdown(results(), ["a note"])
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert table[0] == "| at 64 clients | uvicorn (chosen) | uvicorn, 2 workers | as `llmgw up` runs it |"
     assert table[1] == "|---|---|---|---|"
@@ -256,7 +258,7 @@ def test_a_saved_run_renders_as_the_live_one(tmp_path):
     rs = results()
     args = gw.parse_args(["--quick"])
     saved = tmp_path / "run.json"
-    saved.write_text(json.dumps(gw.as_json(rs, args, 0, {1}, ["a note"])))
-    loaded = gw.load_results(json.loads(saved.read_text()))
-    assert gw.report(loaded, args, ["a note"]) == gw.report(rs, args, ["a note"])
-    assert gw.render_markdown(loaded, ["a note"]) == gw.render_markdown(rs, ["a note"])
+    saved.write_text(json.dumps(rules.as_json(rs, args, 0, {1}, ["a note"])))
+    loaded = rules.load_results(json.loads(saved.read_text()))
+    assert rules.report(loaded, args, ["a note"]) == rules.report(rs, args, ["a note"])
+    assert rules.render_markdown(loaded, ["a note"]) == rules.render_markdown(rs, ["a note"])
