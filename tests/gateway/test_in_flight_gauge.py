@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from asgiref.sync import sync_to_async
-from channels.testing import ApplicationCommunicator
 
 from gateway import cache  # noqa: F401 (registers its loader, as the web app does)
 from gateway.models import ApiKey
 from gateway import metrics
+from tests.asgi import chat_request
 from tests.replicas import serve
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -56,8 +56,6 @@ def answered(model: str, status: str) -> float:
 
 async def test_a_client_leaving_while_an_empty_stream_is_probed_is_counted_out_of_flight(
         watcher_cleanup, make_model):
-    from llmgw.asgi import application
-
     engine = EmptyStreamThenSlowAnswer()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", engine.chat)
@@ -72,12 +70,7 @@ async def test_a_client_leaving_while_an_empty_stream_is_probed_is_counted_out_o
 
         body = json.dumps({"model": "probed", "stream": True,
                            "messages": [{"role": "user", "content": "x"}]}).encode()
-        client = ApplicationCommunicator(application, {
-            "type": "http", "http_version": "1.1", "method": "POST", "path": "/v1/chat/completions",
-            "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "", "scheme": "http",
-            "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                        (b"authorization", f"Bearer {key}".encode())],
-            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)})
+        client = chat_request(key)
         await client.send_input({"type": "http.request", "body": body})
         await asyncio.wait_for(engine.probed.wait(), 10)  # the probe is waiting for the engine
         assert gauge("probed") == 1

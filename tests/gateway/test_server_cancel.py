@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from asgiref.sync import sync_to_async
-from channels.testing import ApplicationCommunicator
 
 from gateway import cache  # noqa: F401 (registers its loader, as the web app does)
 from gateway import metrics
 from gateway.models import ApiKey
+from tests.asgi import chat_request
 from tests.replicas import serve
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -46,8 +46,6 @@ def gauge(model: str) -> float:
 @pytest.mark.parametrize("how", ["server cancels", "client leaves"])
 async def test_a_request_the_server_cancels_is_answered_and_recorded_503_not_499(watcher_cleanup, make_model, how):
     from gateway.upstream import upstream_client
-    from llmgw.asgi import application
-
     engine = SlowEngine()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", engine.chat)
@@ -61,12 +59,7 @@ async def test_a_request_the_server_cancels_is_answered_and_recorded_503_not_499
         await watcher_cleanup.refresh_now()
         before = {status: answered(name, status) for status in ("499", "503")}
         body = json.dumps({"model": name, "messages": [{"role": "user", "content": "x"}]}).encode()
-        client = ApplicationCommunicator(application, {
-            "type": "http", "http_version": "1.1", "method": "POST", "path": "/v1/chat/completions",
-            "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "", "scheme": "http",
-            "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                        (b"authorization", f"Bearer {key}".encode())],
-            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)})
+        client = chat_request(key)
         await client.send_input({"type": "http.request", "body": body})
         await asyncio.wait_for(engine.asked.wait(), 10)
         if how == "server cancels":

@@ -142,6 +142,10 @@ class _Client:
             self.first = False
             return {"type": "http.request", "body": b"{}", "more_body": False}
         await self.gone.wait()
+        return self.after_body()
+
+    def after_body(self) -> dict:
+        """The message after the body, once the client is gone: its disconnect."""
         return {"type": "http.disconnect"}
 
     async def send(self, message):
@@ -213,13 +217,9 @@ class _LeavingAsTheServerCancels(_Client):
 
     task: asyncio.Task | None = None
 
-    async def receive(self):
-        if self.first:
-            self.first = False
-            return {"type": "http.request", "body": b"{}", "more_body": False}
-        await self.gone.wait()
+    def after_body(self) -> dict:
         self.task.cancel()
-        return {"type": "http.disconnect"}
+        return super().after_body()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -246,12 +246,13 @@ urlpatterns.append(re_path(r"^v1/closing$", _closing_view, {"path": "closing"}))
 
 
 class _Confused(_Client):
-    """A server that breaks the protocol: a second request message after the body."""
+    """A server that breaks the protocol: a second request message right after the body."""
 
-    async def receive(self):
-        if self.first:
-            self.first = False
-            return {"type": "http.request", "body": b"{}", "more_body": False}
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone.set()
+
+    def after_body(self) -> dict:
         return {"type": "http.request", "body": b"more", "more_body": False}
 
 
