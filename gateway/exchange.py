@@ -4,7 +4,6 @@ status; recorded once at the end as metrics and a usage record (``gateway.usage`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from django.http import HttpResponse
 from django.utils import timezone
@@ -17,14 +16,10 @@ from gateway.usage import usage_records
 from llmgw import integers
 
 
-def _yes() -> bool:
-    return True
-
-
 class Exchange:
     """One request's bookkeeping: caller, model, timings, tokens; recorded once at the end."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, request=None) -> None:
         self.started = time.monotonic()
         self.path = path
         self.caller: Caller | None = None
@@ -59,16 +54,15 @@ class Exchange:
         self.rate_headers: dict[str, str] = {}
         #: Called once at the end (after the counters settle): the admission queue's slot.
         self.on_finish: list = []
-        #: Whether a request that ends by cancellation was left by its client (the default)
-        #: rather than cancelled by the server; ``gateway.proxy`` reads the lean handler's
-        #: mark (``llmgw.asgi``). See :meth:`gone_status`.
-        self.client_left: Callable[[], bool] = _yes
+        #: The Django request, for :meth:`gone_status` (None: treated as a client that left).
+        self.request = request
 
     def gone_status(self) -> int:
         """The status recorded for a request that ended by cancellation: 499 when its client
         left, 503 when the server cancelled it (its shutdown: the client was answered 503
-        ``shutting_down``, or its stream was cut)."""
-        return 499 if self.client_left() else 503
+        ``shutting_down``, or its stream was cut): the lean handler (``llmgw.asgi``) marks
+        ``request.client_left``; a request without the mark counts as left."""
+        return 499 if getattr(self.request, "client_left", True) else 503
 
     def note_usage(self, data: dict | None) -> None:
         """Take token counts from an answer's ``usage``; values that are not counts (an

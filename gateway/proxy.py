@@ -60,8 +60,7 @@ async def proxy(request: HttpRequest, path: str) -> HttpResponse:
     """Serve one POST to the endpoint ``path`` (one of ``gateway.endpoints``, matched
     exactly by the view; the upstream URL is built from it). Every answer after the
     tenants' limits were checked carries OpenAI's ``x-ratelimit-*`` headers."""
-    ex = Exchange(path)
-    ex.client_left = lambda: getattr(request, "client_left", True)  # marked by llmgw.asgi's lean handler
+    ex = Exchange(path, request)
     try:
         response = await _serve(request, path, ex)
     except BaseException:

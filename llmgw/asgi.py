@@ -251,8 +251,8 @@ class LeanASGIHandler(ASGIHandler):
             # same moment or before: that one is not ours to absorb (uvicorn's shutdown).
             if not aborted or this.uncancel() > 0:
                 watcher.cancel()
-                if response is None:  # nothing sent yet: say why in OpenAI's shape, not a bare 500
-                    await _answer_shutting_down(send)
+                if response is None and this.cancelling():  # nothing sent yet: say why, not a bare 500
+                    await self._answer_shutting_down(send)
                 self._close(response, body_file)
                 raise
         # A cancel requested is always delivered at the await it interrupts, above: once the
@@ -268,7 +268,6 @@ class LeanASGIHandler(ASGIHandler):
             LeanASGIHandler._hygiene_at = now
             await sync_to_async(_request_signals)()
 
-
     @staticmethod
     def _close(response, body_file) -> None:
         """The response's closers (``gateway.proxy`` settles a request not yet recorded
@@ -283,19 +282,16 @@ class LeanASGIHandler(ASGIHandler):
             response.closed = True
         body_file.close()
 
-
-async def _answer_shutting_down(send) -> None:
-    """503 in OpenAI's shape (with ``Retry-After``) for a request the server cancels before
-    its answer began — uvicorn's shutdown once its graceful timeout has passed — rather
-    than the server's plain-text 500; nothing if the connection is already gone."""
-    response = openai_error(503, "The gateway stopped before answering (it is shutting down or restarting); retry.",
-                            code="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
-    try:
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(k.encode("latin1"), v.encode("latin1")) for k, v in response.items()]})
-        await send({"type": "http.response.body", "body": response.content})
-    except Exception:  # noqa: BLE001 (the client or the server is gone: nobody to tell)
-        pass
+    async def _answer_shutting_down(self, send) -> None:
+        """503 in OpenAI's shape (with ``Retry-After``) for a request the server cancels
+        before its answer began — uvicorn's shutdown once its graceful timeout has passed —
+        rather than the server's plain-text 500; nothing if the connection is already gone."""
+        response = openai_error(503, "The gateway stopped before answering (it is shutting down or restarting); "
+                                     "retry.", code="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+        try:
+            await self.send_response(response, send)
+        except Exception:  # noqa: BLE001 (the client or the server is gone: nobody to tell)
+            pass
 
 
 class _Split:
