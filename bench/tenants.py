@@ -107,7 +107,7 @@ GOAL_B_P95_RATIO = 1.5
 GOAL_A_SHARE = 0.90
 GOAL_CPU_DELTA_MS = 0.1
 PHASES = ("fifo", "alone", "fair")  # in the order they run
-PY_SPY_RATE_HZ = 250  # bench.gateway.Profiler's --rate
+PY_SPY_RATE_HZ = 250  # bench._gateway_load.Profiler's --rate
 
 
 # --------------------------------------------------------------------------- processes
